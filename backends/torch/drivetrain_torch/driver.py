@@ -1,0 +1,284 @@
+"""The single-process torch driver and the factory the plugin points at.
+
+:func:`create_driver` validates every argument up front (device, model,
+precision, framework options) so a wrong input fails when the Trainer is built,
+not in the middle of the first epoch. The per-batch methods (``move_data_to_device``,
+``auto_cast``, ``backward``, ``step``, ``zero_grad``) do as little as possible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from drivetrain._driver import Driver
+from drivetrain._errors import DriverError
+
+from . import state as _state
+from ._device import move_to_device, resolve_device
+from .plugin import CAPABILITIES
+from .precision import Precision
+
+FRAMEWORK_KWARGS = {
+    "grad_scaler_kwargs": "dict passed to torch.amp.GradScaler for precision='fp16' "
+    "(init_scale, growth_factor, backoff_factor, growth_interval, enabled)",
+    "non_blocking": "bool: copy batches to a GPU asynchronously (default True on CUDA; pin_memory=True "
+    "in the DataLoader makes it effective)",
+    "set_to_none": "bool: zero_grad sets gradients to None instead of filling zeros (default True)",
+}
+_DISTRIBUTED_ONLY_KWARGS = ("ddp_kwargs", "find_unused_parameters", "backend", "init_method")
+
+_LOW_PRECISION_FLOATS = (torch.float16, torch.bfloat16)
+
+
+def create_driver(
+    model: Any,
+    device: Any,
+    *,
+    precision: str = "fp32",
+    grad_clip: float | None = None,
+    grad_clip_type: str = "norm",
+    model_wo_auto_param_call: bool = False,
+    framework_kwargs: Mapping[str, Any] | None = None,
+) -> TorchSingleDriver:
+    """Build the torch driver for ``model`` on ``device`` (see :mod:`drivetrain_torch._device` for devices).
+
+    A list of several devices asks for data-parallel training, which belongs to the
+    distributed torch driver; a one-element list means that single device.
+    """
+    if isinstance(device, (list, tuple)):
+        if len(device) == 1:
+            device = device[0]
+        else:
+            return _create_distributed_driver(model, device)
+    return TorchSingleDriver(
+        model,
+        device,
+        precision=precision,
+        grad_clip=grad_clip,
+        grad_clip_type=grad_clip_type,
+        model_wo_auto_param_call=model_wo_auto_param_call,
+        framework_kwargs=framework_kwargs,
+    )
+
+
+def _create_distributed_driver(model: Any, devices: Any) -> Driver:
+    """The hook where the distributed (torch.distributed / DDP) driver will be built."""
+    raise DriverError(
+        f"device={devices!r} asks for several devices, i.e. distributed training; distributed torch "
+        "arrives with the distributed torch driver, which this drivetrain-torch release does not include yet. "
+        "Pass a single device, e.g. device='cuda:0' or device='cpu'."
+    )
+
+
+def _check_framework_kwargs(framework_kwargs: Any) -> dict[str, Any]:
+    if framework_kwargs is None:
+        return {}
+    if not isinstance(framework_kwargs, Mapping):
+        raise DriverError(
+            f"framework_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(FRAMEWORK_KWARGS)}."
+        )
+    for key in framework_kwargs:
+        if key in FRAMEWORK_KWARGS:
+            continue
+        if key in _DISTRIBUTED_ONLY_KWARGS:
+            raise DriverError(
+                f"framework_kwargs[{key!r}] applies to distributed torch training, which this single-process "
+                "driver does not do; remove it."
+            )
+        accepted = "; ".join(f"{name}: {what}" for name, what in FRAMEWORK_KWARGS.items())
+        raise DriverError(f"framework_kwargs[{key!r}] is not a torch driver option; accepted: {accepted}.")
+    return dict(framework_kwargs)
+
+
+class TorchSingleDriver(Driver):
+    """Drives a ``torch.nn.Module`` in one process on one device (CPU or one CUDA GPU)."""
+
+    name = "torch"
+    capabilities = CAPABILITIES
+    default_forward_name = "forward"
+
+    def __init__(
+        self,
+        model: Any,
+        device: Any,
+        *,
+        precision: str = "fp32",
+        grad_clip: float | None = None,
+        grad_clip_type: str = "norm",
+        model_wo_auto_param_call: bool = False,
+        framework_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            kind = "a class; pass an instance, e.g. MyNet()" if isinstance(model, type) else (
+                f"a {type(model).__module__}.{type(model).__qualname__}"
+            )
+            raise DriverError(f"model={model!r:.80} is {kind}; the torch driver needs a torch.nn.Module.")
+        super().__init__(
+            model,
+            precision=precision,
+            grad_clip=grad_clip,
+            grad_clip_type=grad_clip_type,
+            model_wo_auto_param_call=model_wo_auto_param_call,
+        )
+        options = _check_framework_kwargs(framework_kwargs)
+        self.device: torch.device = resolve_device(device, model)
+        self.non_blocking = bool(options.get("non_blocking", self.device.type == "cuda"))
+        self.set_to_none = bool(options.get("set_to_none", True))
+        self._precision = Precision(precision, self.device, options.get("grad_scaler_kwargs"))
+        self.grad_scaler = self._precision.scaler
+        self._on_cpu = self.device.type == "cpu"
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self) -> None:
+        """Move the model to the driver's device (parameters keep their identity, so optimizers stay valid)."""
+        self.model.to(self.device)
+
+    # ---------------------------------------------------------------------- model
+    def unwrap_model(self) -> torch.nn.Module:
+        """The user's module, looking through ``torch.compile`` wrappers."""
+        model = self.model
+        while isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        return model
+
+    def _wrapped_model_call(self) -> Any:
+        return self.model  # calling the module runs its hooks; parameters are read from forward
+
+    def set_model_mode(self, mode: str) -> None:
+        if mode == "train":
+            self.model.train()
+        elif mode == "eval":
+            self.model.eval()
+        else:
+            raise DriverError(f"set_model_mode(mode={mode!r}) accepts 'train' or 'eval'.")
+
+    def no_grad(self) -> contextlib.AbstractContextManager:
+        return torch.no_grad()
+
+    def auto_cast(self) -> contextlib.AbstractContextManager:
+        return self._precision.autocast()
+
+    # --------------------------------------------------------------- optimisation
+    def _check_optimizer(self, optimizer: Any) -> str | None:
+        if isinstance(optimizer, type):
+            return (
+                "is a class, not an optimizer; create one from the model's parameters, "
+                "e.g. torch.optim.SGD(model.parameters(), lr=0.1)."
+            )
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            framework = (type(optimizer).__module__ or "").split(".")[0]
+            origin = f" (a {framework} object)" if framework and framework not in ("builtins", "torch") else ""
+            return (
+                f"is not a torch.optim.Optimizer{origin}; the torch driver needs a torch optimizer, "
+                "e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)."
+            )
+        own = {id(p) for p in self.unwrap_model().parameters()}
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if params and not any(id(p) in own for p in params):
+            return (
+                f"none of its {len(params)} parameter(s) belong to the model {type(self.unwrap_model()).__name__}, "
+                "so stepping it would never change the model. Was it built from another model instance "
+                "(e.g. before the model was re-created or deep-copied)? Build it from this model's "
+                "parameters, and register any extra trainable tensors on the model."
+            )
+        return None
+
+    def backward(self, loss: Any) -> None:
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            self._raise_bad_loss(loss)
+        if self.grad_scaler is not None:
+            self.grad_scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    @staticmethod
+    def _raise_bad_loss(loss: Any) -> None:
+        if not isinstance(loss, torch.Tensor):
+            raise DriverError(
+                f"the model's output 'loss' is a {type(loss).__name__} ({loss!r:.60}), not a torch tensor; "
+                "return the loss tensor itself (do not call .item() or float() on it)."
+            )
+        raise DriverError(
+            "the model's output 'loss' does not require grad: did you compute it under no_grad or detach it? "
+            "(Also check that the model has trainable parameters, i.e. requires_grad=True.)"
+        )
+
+    def _clip_gradients(self) -> None:
+        params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
+        if self.grad_clip_type == "norm":
+            torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        else:
+            torch.nn.utils.clip_grad_value_(params, self.grad_clip)
+
+    def step(self) -> None:
+        scaler = self.grad_scaler
+        if scaler is None:
+            if self.grad_clip is not None:
+                self._clip_gradients()
+            for optimizer in self.optimizers:
+                optimizer.step()
+            return
+        if self.grad_clip is not None:
+            for optimizer in self.optimizers:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+            self._clip_gradients()
+        for optimizer in self.optimizers:
+            scaler.step(optimizer)
+        scaler.update()
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=self.set_to_none)
+
+    # ----------------------------------------------------------------------- data
+    def move_data_to_device(self, batch: Any) -> Any:
+        return move_to_device(batch, self.device, self.non_blocking)
+
+    def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
+        if not isinstance(tensor, torch.Tensor):
+            return np.asarray(tensor)
+        copied = tensor.device.type != "cpu"
+        if tensor.dtype in _LOW_PRECISION_FLOATS or (tensor.is_floating_point() and tensor.element_size() == 1):
+            tensor = tensor.detach().float()  # numpy has no bfloat16 / float8
+            copied = True
+        array = tensor.numpy(force=True)
+        return array if copied else array.copy()
+
+    def is_tensor(self, obj: Any) -> bool:
+        return isinstance(obj, torch.Tensor)
+
+    def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
+        if isinstance(dataloader, torch.utils.data.DataLoader):
+            return
+        if isinstance(dataloader, torch.utils.data.Dataset) and not hasattr(dataloader, "__iter__"):
+            raise DriverError(
+                f"{argument}={type(dataloader).__name__} is a Dataset, not a dataloader; wrap it, e.g. "
+                f"torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True)."
+            )
+        super().check_dataloader_legality(dataloader, argument)
+
+    # ---------------------------------------------------------------------- state
+    def model_state(self) -> dict[str, Any]:
+        return _state.model_state(self.unwrap_model())
+
+    def load_model_state(self, state: Mapping[str, Any]) -> None:
+        _state.load_model_state(self.unwrap_model(), state)
+
+    def save_tensors(self, tensors: Mapping[str, Any], path: str) -> None:
+        _state.save_tensors(tensors, path)
+
+    def load_tensors(self, path: str) -> dict[str, Any]:
+        return _state.load_tensors(path)
+
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)  # seeds every CUDA device too (lazily if CUDA is not initialised yet)
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(seed)
+
+    # ----------------------------------------------------------------- describing
+    def describe(self) -> str:
+        return f"torch driver (TorchSingleDriver) device={self.device} precision={self.precision} torch={torch.__version__}"

@@ -1,0 +1,42 @@
+"""Entry point of the torch backend: describes its driver without importing torch.
+
+The ``drivetrain`` entry-point group points here; the core calls
+:func:`drivetrain_driver_specs` during discovery, so this module must stay light
+(it imports only the core). The driver itself is built by the lazy ``factory``.
+"""
+
+from __future__ import annotations
+
+from drivetrain._driver import Capabilities
+from drivetrain._plugins import DriverSpec, hookimpl
+
+CAPABILITIES = Capabilities(
+    precisions=("fp32", "fp16", "bf16"),
+    distributed=(),
+    devices=("cpu", "cuda"),
+    notes={
+        "devices": "cpu, cuda, cuda:N (aliases: gpu, gpu:N, an int N); None keeps the model where it is. "
+        "MPS and XLA are not supported.",
+        "bf16": "torch.autocast with bfloat16; works on CPU (often faster than fp32 there) and on CUDA GPUs "
+        "that support bf16 (Ampere or newer).",
+        "fp16": "torch.autocast with float16 plus torch.amp.GradScaler. On CPU it works but runs ~30x slower "
+        "than fp32: use bf16 on CPU.",
+        "distributed": "Single process only in this release; the torch.distributed (DDP) driver comes later.",
+        "serialization": "Tensors are saved with safetensors (no pickle); tied weights are stored as copies.",
+    },
+)
+
+
+@hookimpl
+def drivetrain_driver_specs() -> list[DriverSpec]:
+    """The torch driver's description; the factory is imported only when it is chosen."""
+    return [
+        DriverSpec(
+            name="torch",
+            framework="torch",
+            factory="drivetrain_torch.driver:create_driver",
+            model_modules=("torch",),
+            capabilities=CAPABILITIES,
+            distribution="drivetrain-torch",
+        )
+    ]

@@ -1,0 +1,134 @@
+"""Callback classes and the one dispatcher behind every way of attaching a handler."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._errors import ConfigurationError, DrivetrainError, EarlyStopException
+from ._events import EVENT_ARGS, Event, FilteredHandler, check_handler_signature
+
+
+class CallbackError(DrivetrainError, RuntimeError):
+    """A callback raised; the message names the callback and the event, the cause is chained."""
+
+
+class Callback:
+    """Base class: override any ``on_<event>(self, trainer, ...)`` method of :class:`Event`.
+
+    Only overridden methods are registered, so an empty callback costs nothing on the
+    hot path. ``callback_name`` keys the callback's state in checkpoints; make it
+    unique when the same class is used twice. ``rank_zero_only = True`` runs the
+    callback on the global-zero process only in distributed training.
+    """
+
+    rank_zero_only: bool = False
+
+    @property
+    def callback_name(self) -> str:
+        return type(self).__name__
+
+    def on_save_checkpoint(self, trainer: Any) -> Any:
+        """Return this callback's state (JSON-serialisable) to store in a checkpoint."""
+        return None
+
+    def on_load_checkpoint(self, trainer: Any, states: Any) -> None:
+        """Restore what :meth:`on_save_checkpoint` returned."""
+
+
+def _define_default_methods() -> None:
+    def make(name: str) -> Callable:
+        def method(self, trainer, *args):  # noqa: ANN001 - signature documented on Event
+            return None
+
+        method.__name__ = method.__qualname__ = name
+        method.__doc__ = f"Called as ({', '.join(('trainer',) + EVENT_ARGS[name])})."
+        return method
+
+    for name in EVENT_ARGS:
+        if name not in Callback.__dict__:
+            setattr(Callback, name, make(name))
+
+
+_define_default_methods()
+
+_STATEFUL = ("on_save_checkpoint", "on_load_checkpoint")
+
+
+class CallbackManager:
+    """Holds, per event, the ordered list of handlers and fires them.
+
+    ``handlers[name]`` is a plain list the Trainer iterates directly on the hot path.
+    """
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, list[Callable]] = {name: [] for name in EVENT_ARGS}
+        self.callbacks: list[Callback] = []
+
+    def add_callback(self, callback: Callback, *, is_global_zero: bool = True) -> None:
+        if not isinstance(callback, Callback):
+            raise ConfigurationError(
+                f"callbacks contains {callback!r} of type {type(callback).__name__}; each item must be a "
+                "drivetrain.Callback instance (or use Trainer.add_callback_fn(Event.on_..., fn) for a function)."
+            )
+        names = {c.callback_name for c in self.callbacks}
+        if callback.callback_name in names:
+            raise ConfigurationError(
+                f"two callbacks share callback_name={callback.callback_name!r}; override callback_name so "
+                "their checkpoint states do not collide."
+            )
+        self.callbacks.append(callback)
+        if callback.rank_zero_only and not is_global_zero:
+            return
+        for name in EVENT_ARGS:
+            if name in _STATEFUL:
+                continue
+            if getattr(type(callback), name) is not getattr(Callback, name):
+                self.handlers[name].append(getattr(callback, name))
+
+    def add_fn(self, event: Event | str, fn: Callable, where: str = "add_callback_fn") -> None:
+        if isinstance(event, str):
+            event = Event(event)
+        if not isinstance(event, Event):
+            raise ConfigurationError(f"{where}: event={event!r} must be an Event such as Event.on_train_begin().")
+        if not callable(fn):
+            raise ConfigurationError(f"{where}: fn={fn!r} is not callable.")
+        check_handler_signature(fn, event.name, where)
+        self.handlers[event.name].append(FilteredHandler(fn, event) if event.is_filtered else fn)
+
+    def fire(self, name: str, trainer: Any, *args: Any) -> None:
+        for handler in self.handlers[name]:
+            try:
+                handler(trainer, *args)
+            except (EarlyStopException, CallbackError):
+                raise
+            except Exception as exc:
+                raise _callback_error(handler, name, exc) from exc
+
+    def states(self, trainer: Any) -> dict[str, Any]:
+        return {c.callback_name: c.on_save_checkpoint(trainer) for c in self.callbacks}
+
+    def load_states(self, trainer: Any, states: dict[str, Any]) -> None:
+        for c in self.callbacks:
+            if c.callback_name in states:
+                c.on_load_checkpoint(trainer, states[c.callback_name])
+
+
+def _callback_error(handler: Callable, name: str, exc: Exception) -> CallbackError:
+    """Name the callback (class or function) and the event in the error a handler raised."""
+    owner = getattr(handler, "__self__", None)
+    who = type(owner).__name__ if owner is not None else getattr(handler, "__qualname__", repr(handler))
+    return CallbackError(f"callback {who} raised {type(exc).__name__} during {name}: {exc}")
+
+
+def normalise_callbacks(callbacks: Any) -> list[Callback]:
+    """``callbacks=`` accepts None, one Callback, or a list of them."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, Callback):
+        return [callbacks]
+    if isinstance(callbacks, (list, tuple)):
+        return list(callbacks)
+    raise ConfigurationError(
+        f"callbacks={callbacks!r} is not accepted; pass a Callback, a list of Callbacks, or None."
+    )

@@ -1,0 +1,274 @@
+"""The Driver contract: everything the framework-agnostic core asks of a backend.
+
+The core never touches a tensor itself; it calls these methods. Public methods
+that need validation are implemented here once and delegate to small ``_do_*``
+hooks; a backend overrides the abstract methods and whichever defaults do not
+fit. Capabilities are declared data (:class:`Capabilities`), never probed with
+``hasattr`` in the loop.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._errors import DriverError
+from ._param_matching import auto_param_call
+
+CONTRACT_VERSION = 1
+"""Version of this contract; a backend declares the versions it implements."""
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a driver can do, declared up front so the core can check inputs early."""
+
+    precisions: tuple[str, ...] = ("fp32",)
+    """Precisions accepted at all (a precision may still be slow or a no-op on some devices)."""
+    distributed: tuple[str, ...] = ()
+    """Distributed modes, e.g. ``("ddp",)``; empty for a single-process-only backend."""
+    devices: tuple[str, ...] = ("cpu",)
+    """Device kinds understood, e.g. ``("cpu", "cuda")``."""
+    notes: Mapping[str, str] = field(default_factory=dict)
+    """Free-form honest remarks shown by ``drivetrain backends`` (e.g. 'fp16 on CPU is a no-op')."""
+
+
+class Driver(abc.ABC):
+    """Drives one model of one framework for the Trainer and the Evaluator.
+
+    A driver is built by its backend's factory with the user's model, device and
+    options; the Trainer then calls :meth:`setup` once and uses the rest on the
+    hot path, so implementations keep per-batch methods lean.
+    """
+
+    name: str = "abstract"
+    capabilities: Capabilities = Capabilities()
+    default_forward_name: str = "forward"
+    """Name of the framework's forward method (``forward`` in torch, ``execute`` in jittor)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        precision: str = "fp32",
+        grad_clip: float | None = None,
+        grad_clip_type: str = "norm",
+        model_wo_auto_param_call: bool = False,
+    ) -> None:
+        if precision not in self.capabilities.precisions:
+            raise DriverError(
+                f"precision={precision!r} is not supported by driver {self.name!r}; "
+                f"accepted: {', '.join(self.capabilities.precisions)}."
+            )
+        if grad_clip is not None and (not isinstance(grad_clip, (int, float)) or grad_clip <= 0):
+            raise DriverError(f"grad_clip={grad_clip!r} must be a positive number or None.")
+        if grad_clip_type not in ("norm", "value"):
+            raise DriverError(f"grad_clip_type={grad_clip_type!r} is not accepted; use 'norm' or 'value'.")
+        self.model = model
+        self.precision = precision
+        self.grad_clip = grad_clip
+        self.grad_clip_type = grad_clip_type
+        self.model_wo_auto_param_call = model_wo_auto_param_call
+        self.optimizers: list[Any] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self) -> None:
+        """Move the model to its device and prepare anything that needs the process group."""
+
+    def on_exception(self) -> None:
+        """Called when the loop raises, before callbacks see the exception (e.g. to abort peers)."""
+
+    def is_distributed(self) -> bool:
+        return False
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        """Wait for every process; a no-op for a single process."""
+
+    # ---------------------------------------------------------------------- model
+    def get_model_call_fn(self, fn_name: str | None, default: str = "train_step") -> tuple[Callable, Callable]:
+        """Resolve the function the loop calls with each batch.
+
+        Returns ``(fn, signature_fn)``: ``fn`` is what gets called, ``signature_fn``
+        is the function whose parameters auto-matching reads (they differ when
+        ``fn`` is the module's ``__call__``, which runs framework hooks, and the
+        parameters live on ``forward``). ``fn_name=None`` means ``default`` if the
+        model has it, else the framework's forward.
+        """
+        model = self.unwrap_model()
+        if fn_name is not None:
+            fn = getattr(model, fn_name, None)
+            if not callable(fn):
+                raise DriverError(
+                    f"train_fn/evaluate_fn={fn_name!r}: the model {type(model).__name__} has no method "
+                    f"{fn_name!r}; define it or pass None to use {default!r} or {self.default_forward_name!r}."
+                )
+            return fn, fn
+        fn = getattr(model, default, None)
+        if callable(fn):
+            return fn, fn
+        forward = getattr(model, self.default_forward_name, None)
+        if not callable(forward):
+            raise DriverError(
+                f"The model {type(model).__name__} has neither {default!r} nor {self.default_forward_name!r}."
+            )
+        return self._wrapped_model_call(), forward
+
+    def _wrapped_model_call(self) -> Callable:
+        """The callable that runs the forward through the framework's hooks (``model.__call__``)."""
+        return self.model
+
+    def model_call(self, batch: Any, fn: Callable, signature_fn: Callable | None) -> Any:
+        """Call ``fn`` with ``batch``: matched by parameter name when the batch is a dict."""
+        if isinstance(batch, Mapping) and not self.model_wo_auto_param_call:
+            return auto_param_call(fn, batch, signature_fn=signature_fn)
+        return fn(batch)
+
+    @abc.abstractmethod
+    def set_model_mode(self, mode: str) -> None:
+        """``"train"`` or ``"eval"``."""
+
+    def no_grad(self) -> contextlib.AbstractContextManager:
+        """Context in which no gradient is recorded (evaluation)."""
+        return contextlib.nullcontext()
+
+    def auto_cast(self) -> contextlib.AbstractContextManager:
+        """Context that runs the forward in the driver's precision."""
+        return contextlib.nullcontext()
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Context in which backward does not synchronise gradients across processes."""
+        return contextlib.nullcontext()
+
+    def unwrap_model(self) -> Any:
+        """The user's model, without any distributed or compilation wrapper."""
+        return self.model
+
+    # --------------------------------------------------------------- optimisation
+    def set_optimizers(self, optimizers: Any) -> None:
+        """Accept one optimizer or a sequence of them; each is checked by :meth:`_check_optimizer`."""
+        if optimizers is None:
+            self.optimizers = []
+            return
+        items = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+        for i, opt in enumerate(items):
+            problem = self._check_optimizer(opt)
+            if problem:
+                where = "optimizers" if len(items) == 1 else f"optimizers[{i}]"
+                raise DriverError(f"{where}={type(opt).__module__}.{type(opt).__qualname__}: {problem}")
+        self.optimizers = items
+
+    def _check_optimizer(self, optimizer: Any) -> str | None:
+        """Return why ``optimizer`` cannot be used by this driver, or None."""
+        return None
+
+    @abc.abstractmethod
+    def backward(self, loss: Any) -> None:
+        """Accumulate gradients of ``loss`` (already divided for accumulation by the core)."""
+
+    @abc.abstractmethod
+    def step(self) -> None:
+        """Clip gradients if asked, then step every optimizer (and the grad scaler)."""
+
+    @abc.abstractmethod
+    def zero_grad(self) -> None:
+        """Reset the gradients of every optimizer's parameters."""
+
+    # ----------------------------------------------------------------------- data
+    @abc.abstractmethod
+    def move_data_to_device(self, batch: Any) -> Any:
+        """Move every tensor of a nested dict/list/tuple/dataclass batch to the model's device."""
+
+    @abc.abstractmethod
+    def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
+        """Detach and copy a framework tensor into a numpy array (bf16 becomes float32)."""
+
+    def is_tensor(self, obj: Any) -> bool:
+        """Whether ``obj`` is a tensor of this framework (used to convert outputs for metrics)."""
+        return False
+
+    def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
+        """Raise a :class:`DriverError` naming ``argument`` when ``dataloader`` cannot be iterated."""
+        if not isinstance(dataloader, (Iterator, Mapping)) and not hasattr(dataloader, "__iter__"):
+            raise DriverError(
+                f"{argument}={type(dataloader).__name__} is not iterable; pass a dataloader or any iterable of batches."
+            )
+
+    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: bool, reproducible: bool) -> Any:
+        """Return a dataloader that shards for distributed training and/or resumes exactly."""
+        return dataloader
+
+    def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:
+        """Tell the dataloader's sampler which epoch starts (shuffling differs per epoch)."""
+        sampler = getattr(dataloader, "sampler", None)
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    # ---------------------------------------------------------------- collectives
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+        """Reduce a numpy array across processes (``sum``, ``max``, ``min``); metrics use it."""
+        if op not in ("sum", "max", "min"):
+            raise DriverError(f"all_reduce op={op!r} is not accepted; use 'sum', 'max' or 'min'.")
+        return array
+
+    # ---------------------------------------------------------------------- state
+    @abc.abstractmethod
+    def model_state(self) -> dict[str, Any]:
+        """The model's parameters and buffers as a flat ``{name: framework tensor}`` dict."""
+
+    @abc.abstractmethod
+    def load_model_state(self, state: Mapping[str, Any]) -> None:
+        """Load a dict produced by :meth:`model_state` or :meth:`load_tensors`; names must match."""
+
+    @abc.abstractmethod
+    def save_tensors(self, tensors: Mapping[str, Any], path: str) -> None:
+        """Write a flat dict of framework tensors to ``path`` without pickle (safetensors)."""
+
+    @abc.abstractmethod
+    def load_tensors(self, path: str) -> dict[str, Any]:
+        """Read a file written by :meth:`save_tensors`; never executes code from the file."""
+
+    def seed(self, seed: int) -> None:
+        """Seed the framework's random generators."""
+
+    # ----------------------------------------------------------------- describing
+    def describe(self) -> str:
+        return f"{self.name} driver ({type(self).__qualname__}) precision={self.precision}"
+
+
+def signature_parameters(fn: Callable) -> list[str]:
+    """Parameter names of ``fn`` (self excluded), for error messages."""
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []

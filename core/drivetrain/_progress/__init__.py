@@ -1,0 +1,9 @@
+"""Progress displays (callbacks run on the global-zero process) and the choice among them."""
+
+from .base import ProgressCallback
+from .choose import choose_progress
+from .raw import RawTextProgress
+from .rich_bar import RichProgress
+from .tqdm_bar import TqdmProgress
+
+__all__ = ["ProgressCallback", "RawTextProgress", "RichProgress", "TqdmProgress", "choose_progress"]

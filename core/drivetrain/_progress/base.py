@@ -1,0 +1,134 @@
+"""What every progress bar shares: the loss reference, refresh cadence and formatting.
+
+The per-batch cost is one reference store (``on_before_backward``) and one
+integer compare (``on_train_batch_end``); the loss is converted to a float only
+when the display refreshes, so a bar never forces a device sync per batch.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .._callbacks import Callback
+from .._errors import ConfigurationError
+
+
+class ProgressCallback(Callback):
+    """Base class of the progress displays; runs on the global-zero process only.
+
+    Subclasses implement :meth:`refresh` (draw epoch, batch and loss) and may
+    override the evaluation and lifecycle hooks.
+    """
+
+    rank_zero_only = True
+
+    def __init__(self, print_every: int = 1) -> None:
+        if isinstance(print_every, bool) or not isinstance(print_every, int) or print_every < 1:
+            raise ConfigurationError(
+                f"{type(self).__name__}(print_every={print_every!r}): print_every must be an int >= 1 "
+                "(refresh the display every that many batches)."
+            )
+        self.print_every = print_every
+        self._loss: Any = None
+        self._shown_batches = -1
+        self.last_loss: float | None = None
+        self.last_results: dict[str, Any] = {}
+        self._start_time: float | None = None
+
+    # ---------------------------------------------------------------- hot path
+    def on_before_backward(self, trainer: Any, outputs: Any) -> None:
+        self._loss = outputs["loss"]
+
+    def on_train_batch_end(self, trainer: Any) -> None:
+        done = trainer.batch_idx_in_epoch
+        if done % self.print_every == 0 or done == trainer.num_batches_per_epoch:
+            self._shown_batches = trainer.global_forward_batches
+            self.refresh(trainer, finished_epoch=False)
+
+    # ----------------------------------------------------------- other events
+    def on_train_begin(self, trainer: Any) -> None:
+        self._start_time = time.perf_counter()
+        self._shown_batches = -1
+
+    def on_train_epoch_end(self, trainer: Any) -> None:
+        # The last batches of an epoch whose length is unknown have not been shown yet.
+        if self._shown_batches != trainer.global_forward_batches:
+            self._shown_batches = trainer.global_forward_batches
+            self.refresh(trainer, finished_epoch=True)
+
+    def on_evaluate_end(self, trainer: Any, results: Any) -> None:
+        self.last_results = dict(results) if isinstance(results, Mapping) else {"results": results}
+        self.show_results(trainer, self.last_results)
+
+    # ------------------------------------------------------------ subclasses
+    def refresh(self, trainer: Any, finished_epoch: bool) -> None:
+        """Redraw epoch, batch and loss; ``finished_epoch`` is True at on_train_epoch_end."""
+        raise NotImplementedError
+
+    def show_results(self, trainer: Any, results: dict[str, Any]) -> None:
+        """Display the results of an evaluation."""
+        raise NotImplementedError
+
+    # --------------------------------------------------------------- helpers
+    def current_loss(self, trainer: Any) -> float | None:
+        """Convert the stored loss to a float (once per refresh) and remember it."""
+        loss = self._loss
+        if loss is None:
+            return self.last_loss
+        self._loss = None
+        if isinstance(loss, numbers.Real):
+            self.last_loss = float(loss)
+        else:
+            self.last_loss = float(np.mean(trainer.driver.tensor_to_numpy(loss)))
+        return self.last_loss
+
+    def elapsed(self) -> float:
+        return 0.0 if self._start_time is None else time.perf_counter() - self._start_time
+
+    def summary(self, trainer: Any) -> str:
+        """The closing line: steps, time, last loss and last evaluation."""
+        parts = [f"training finished: {trainer.global_forward_batches} steps in {format_seconds(self.elapsed())}"]
+        loss = self.current_loss(trainer)
+        if loss is not None:
+            parts.append(f"last loss {format_value(loss)}")
+        if self.last_results:
+            parts.append(f"last evaluation {format_results(self.last_results)}")
+        return "; ".join(parts)
+
+
+def epoch_number(trainer: Any, finished_epoch: bool) -> int:
+    """1-based number of the epoch on display (``cur_epoch_idx`` moves on before on_train_epoch_end)."""
+    return trainer.cur_epoch_idx if finished_epoch else trainer.cur_epoch_idx + 1
+
+
+def of_total(done: int, total: int | None) -> str:
+    return f"{done}/{total}" if total else str(done)
+
+
+def format_value(value: Any) -> str:
+    """Floats with 4 significant digits; anything else as ``str``."""
+    if isinstance(value, (bool, np.bool_)):
+        return str(value)
+    if isinstance(value, (numbers.Real, np.floating, np.integer)):
+        if isinstance(value, (numbers.Integral, np.integer)):
+            return str(int(value))
+        return f"{float(value):.4g}"
+    if isinstance(value, np.ndarray) and value.size == 1:
+        return format_value(value.item())
+    return str(value)
+
+
+def format_results(results: Mapping[str, Any]) -> str:
+    """``{"acc#acc#dev": 0.93127}`` -> ``"acc#acc#dev=0.9313"``."""
+    return ", ".join(f"{key}={format_value(value)}" for key, value in results.items())
+
+
+def format_seconds(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

@@ -1,0 +1,47 @@
+"""Plain-text progress: one line per refresh, for logs, CI and anything that is not a terminal."""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, Any
+
+from .base import ProgressCallback, epoch_number, format_results, format_value, of_total
+
+
+class RawTextProgress(ProgressCallback):
+    """Print ``epoch 1/3  batch 50/200  step 50/600  loss 0.4312`` every ``print_every`` batches.
+
+    Also prints a line after each evaluation and a summary when training ends.
+    ``file`` defaults to the current ``sys.stdout`` (looked up at print time, so
+    redirection and pytest's capture work).
+    """
+
+    def __init__(self, print_every: int = 50, file: IO[str] | None = None) -> None:
+        super().__init__(print_every)
+        self.file = file
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.file if self.file is not None else sys.stdout, flush=True)
+
+    def on_train_begin(self, trainer: Any) -> None:
+        super().on_train_begin(trainer)
+        per_epoch = trainer.num_batches_per_epoch
+        batches = f", {per_epoch} batches per epoch" if per_epoch else ""
+        self._print(f"training: {trainer.n_epochs} epochs{batches}")
+
+    def refresh(self, trainer: Any, finished_epoch: bool) -> None:
+        parts = [
+            f"epoch {epoch_number(trainer, finished_epoch)}/{trainer.n_epochs}",
+            f"batch {of_total(trainer.batch_idx_in_epoch, trainer.num_batches_per_epoch)}",
+            f"step {of_total(trainer.global_forward_batches, trainer.n_batches)}",
+        ]
+        loss = self.current_loss(trainer)
+        if loss is not None:
+            parts.append(f"loss {format_value(loss)}")
+        self._print("  ".join(parts))
+
+    def show_results(self, trainer: Any, results: dict[str, Any]) -> None:
+        self._print(f"evaluation at step {trainer.global_forward_batches}: {format_results(results) or '(no results)'}")
+
+    def on_train_end(self, trainer: Any) -> None:
+        self._print(self.summary(trainer))

@@ -1,0 +1,493 @@
+"""The Trainer: the one training loop, written once for every framework.
+
+Everything framework-specific goes through ``self.driver``; the loop owns the
+order of events (see ``_events.EVENT_ARGS``), gradient accumulation, evaluation
+scheduling and the bookkeeping callbacks read (``cur_epoch_idx``,
+``batch_idx_in_epoch``, ``global_forward_batches``, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from ._callbacks import Callback, CallbackManager, normalise_callbacks
+from ._dataloaders import OverfitLoader, TruncatedLoader, loader_length
+from ._driver import Driver
+from ._errors import BatchMismatchError, ConfigurationError, EarlyStopException
+from ._evaluator import Evaluator, normalise_metrics
+from ._events import Event
+from ._io import atomic_write
+from ._monitor import find_monitor_value, validate_monitor
+from ._options import build_driver, check_int, check_optional_callable, resolve_precision, split_backend_kwargs
+from ._param_matching import as_dict, make_mapping_fn
+from ._progress import choose_progress
+
+MODEL_FILENAME = "model.safetensors"
+
+_TRAINER_OPTIONS = frozenset({
+    "train_input_mapping", "train_output_mapping", "evaluate_input_mapping", "evaluate_output_mapping",
+    "check_dataloader_legality",
+})
+
+
+def _default_batch_step(trainer: Trainer, batch: Any) -> None:
+    with trainer.get_no_sync_context():
+        outputs = trainer.train_step(batch)
+        trainer.backward(outputs)
+    trainer.step()
+    trainer.zero_grad()
+
+
+class Trainer:
+    """Train ``model`` on ``train_dataloader`` with ``optimizers`` through the driver of its framework.
+
+    The arguments and their meaning follow fastNLP's Trainer; see the user guide
+    (docs/user-guide/trainer.md) for each one with an example.
+    """
+
+    _registered_fns: ClassVar[dict[str | None, list[tuple[Event, Callable]]]] = defaultdict(list)
+
+    def __init__(
+        self,
+        model: Any,
+        train_dataloader: Any,
+        optimizers: Any = None,
+        driver: str | Driver = "auto",
+        device: Any = "cpu",
+        n_epochs: int = 20,
+        evaluate_dataloaders: Any = None,
+        batch_step_fn: Callable[[Trainer, Any], None] | None = None,
+        evaluate_batch_step_fn: Callable[[Evaluator, Any], None] | None = None,
+        train_fn: str | None = None,
+        evaluate_fn: str | None = None,
+        callbacks: Callback | list[Callback] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        evaluate_every: int | Callable[[Trainer], bool] = -1,
+        input_mapping: Any = None,
+        output_mapping: Any = None,
+        model_wo_auto_param_call: bool = False,
+        accumulation_steps: int = 1,
+        fp16: bool = False,
+        monitor: str | Callable[[Mapping[str, float]], float] | None = None,
+        larger_better: bool = True,
+        n_batches: int = -1,
+        overfit_batches: int = 0,
+        marker: str | None = None,
+        progress_bar: Any = "auto",
+        precision: str | None = None,
+        grad_clip: float | None = None,
+        grad_clip_type: str = "norm",
+        **kwargs: Any,
+    ) -> None:
+        # -- 1. every argument is checked before anything is built
+        if train_dataloader is None:
+            raise ConfigurationError("train_dataloader=None: pass the dataloader (any iterable of batches) to train on.")
+        check_int(n_epochs, "n_epochs", minimum=1)
+        check_int(accumulation_steps, "accumulation_steps", minimum=1)
+        check_int(n_batches, "n_batches", minimum=1, allowed=(-1,))
+        check_int(overfit_batches, "overfit_batches", minimum=0, allowed=(-1,))
+        check_optional_callable(batch_step_fn, "batch_step_fn", "(trainer, batch)")
+        check_optional_callable(evaluate_batch_step_fn, "evaluate_batch_step_fn", "(evaluator, batch)")
+        for name, value in (("train_fn", train_fn), ("evaluate_fn", evaluate_fn), ("marker", marker)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigurationError(f"{name}={value!r} must be a str or None.")
+        if not isinstance(larger_better, bool):
+            raise ConfigurationError(f"larger_better={larger_better!r} must be True or False.")
+        _check_evaluate_every(evaluate_every)
+        if metrics is not None:
+            metrics = normalise_metrics(metrics)
+            if evaluate_dataloaders is None and overfit_batches == 0:
+                raise ConfigurationError(
+                    "metrics were given but evaluate_dataloaders=None; pass evaluate_dataloaders= "
+                    "(a dataloader or {name: dataloader}) or drop metrics."
+                )
+        elif evaluate_dataloaders is not None:
+            raise ConfigurationError(
+                "evaluate_dataloaders were given but metrics=None; pass metrics={'acc': Accuracy()} or drop "
+                "evaluate_dataloaders."
+            )
+        validate_monitor(monitor, metrics)
+        backend_kwargs, unknown = split_backend_kwargs(kwargs)
+        unknown -= _TRAINER_OPTIONS
+        if unknown:
+            raise ConfigurationError(
+                f"Trainer got unexpected argument(s) {sorted(unknown)}; accepted extra options are "
+                f"{sorted(_TRAINER_OPTIONS)} and '<driver>_kwargs' dicts (e.g. torch_kwargs={{...}})."
+            )
+        train_input = _exclusive(input_mapping, kwargs.get("train_input_mapping"), "input_mapping", "train_input_mapping")
+        train_output = _exclusive(output_mapping, kwargs.get("train_output_mapping"), "output_mapping",
+                                  "train_output_mapping")
+        eval_input = _exclusive(input_mapping, kwargs.get("evaluate_input_mapping"), "input_mapping",
+                                "evaluate_input_mapping")
+        eval_output = _exclusive(output_mapping, kwargs.get("evaluate_output_mapping"), "output_mapping",
+                                 "evaluate_output_mapping")
+        self._input_fn = make_mapping_fn(train_input, "input_mapping")
+        self._output_fn = make_mapping_fn(train_output, "output_mapping")
+        callback_list = normalise_callbacks(callbacks)
+        progress = choose_progress(progress_bar)
+        self.precision = resolve_precision(fp16, precision)
+
+        # -- 2. the driver
+        self.model = model
+        self.marker = marker
+        self.driver = build_driver(
+            driver, model, device, precision=self.precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
+            model_wo_auto_param_call=model_wo_auto_param_call, backend_kwargs=backend_kwargs,
+        )
+        self.driver.set_optimizers(optimizers)
+        if not self.driver.optimizers and batch_step_fn is None:
+            raise ConfigurationError(
+                "optimizers=None: pass the optimizer(s) to train with, or a batch_step_fn that updates the model."
+            )
+        self.driver.setup()
+        if kwargs.get("check_dataloader_legality", True):
+            self.driver.check_dataloader_legality(train_dataloader, argument="train_dataloader")
+
+        # -- 3. data, evaluation and callbacks
+        self.train_dataloader = train_dataloader
+        self.dataloader = self.driver.set_dist_repro_dataloader(
+            train_dataloader, dist=self.driver.is_distributed(), reproducible=False)
+        self.overfit_batches = overfit_batches
+        if overfit_batches != 0:
+            self.dataloader = OverfitLoader(self.dataloader, overfit_batches)
+            if metrics is not None:
+                evaluate_dataloaders = self.dataloader
+        self.metrics = metrics
+        self.monitor = monitor
+        self.larger_better = larger_better
+        self.evaluate_every = evaluate_every
+        self.evaluator: Evaluator | None = None
+        if metrics is not None:
+            self.evaluator = Evaluator(
+                model, evaluate_dataloaders, metrics, driver=self.driver,
+                evaluate_batch_step_fn=evaluate_batch_step_fn, evaluate_fn=evaluate_fn,
+                input_mapping=eval_input, output_mapping=eval_output,
+            )
+        self.callback_manager = CallbackManager()
+        zero = self.driver.is_global_zero
+        for cb in callback_list:
+            self.callback_manager.add_callback(cb, is_global_zero=zero)
+        if progress is not None:
+            self.callback_manager.add_callback(progress, is_global_zero=zero)
+        for event, fn in self._take_registered_fns(marker):
+            self.callback_manager.add_fn(event, fn, where="Trainer.on")
+        self._handlers = self.callback_manager.handlers
+
+        # -- 4. the step function and the loop's bookkeeping
+        self.batch_step_fn = batch_step_fn or _default_batch_step
+        self._train_fn, self._train_sig = self.driver.get_model_call_fn(train_fn, default="train_step")
+        self.accumulation_steps = accumulation_steps
+        self.n_epochs = n_epochs
+        self.n_batches: int | None = None if n_batches == -1 else n_batches
+        self._requested_n_batches = n_batches
+        self.cur_epoch_idx = 0
+        self.batch_idx_in_epoch = 0
+        self.global_forward_batches = 0
+        self.num_batches_per_epoch: int | None = None
+        self._epoch_length: int | None = None
+        self._null = contextlib.nullcontext()
+        self._has_run = False
+        self.fire("on_after_trainer_initialized", self.driver)
+
+    # ------------------------------------------------------------------ callbacks
+    @classmethod
+    def on(cls, event: Event, marker: str | None = None) -> Callable[[Callable], Callable]:
+        """Decorator registering ``fn`` for ``event`` on the next Trainer built (or every Trainer with ``marker``)."""
+        if not isinstance(event, Event):
+            raise ConfigurationError(f"Trainer.on(event={event!r}): pass an Event such as Event.on_train_begin().")
+
+        def register(fn: Callable) -> Callable:
+            from ._events import check_handler_signature
+
+            check_handler_signature(fn, event.name, "Trainer.on")
+            cls._registered_fns[marker].append((event, fn))
+            return fn
+
+        return register
+
+    @classmethod
+    def _take_registered_fns(cls, marker: str | None) -> list[tuple[Event, Callable]]:
+        """Unmarked functions go to the next Trainer built; marked ones to every Trainer with that marker."""
+        fns = cls._registered_fns.pop(None, [])
+        if marker is not None:
+            fns = fns + list(cls._registered_fns.get(marker, []))
+        return fns
+
+    def add_callback_fn(self, event: Event, fn: Callable) -> None:
+        """Attach ``fn(trainer, ...)`` to ``event`` on this trainer."""
+        self.callback_manager.add_fn(event, fn, where="add_callback_fn")
+
+    def fire(self, name: str, *args: Any) -> None:
+        handlers = self._handlers[name]
+        if handlers:
+            self.callback_manager.fire(name, self, *args)
+
+    @property
+    def callbacks(self) -> list[Callback]:
+        return list(self.callback_manager.callbacks)
+
+    # ------------------------------------------------------------------- the loop
+    def run(
+        self,
+        num_train_batch_per_epoch: int = -1,
+        num_eval_batch_per_dl: int = -1,
+        num_eval_sanity_batch: int = 2,
+        catch_KeyboardInterrupt: bool | None = None,  # noqa: N803 - fastNLP's public name
+    ) -> None:
+        """Train until ``n_epochs`` (or ``n_batches``) is reached, evaluating as scheduled.
+
+        ``num_train_batch_per_epoch`` / ``num_eval_batch_per_dl`` shorten epochs and
+        evaluations for a smoke run (-1 = full); ``num_eval_sanity_batch`` batches are
+        evaluated before training to catch evaluation bugs early (0 = skip).
+        ``catch_KeyboardInterrupt`` (default: True for a single process) ends training
+        quietly on Ctrl-C instead of raising.
+        """
+        check_int(num_train_batch_per_epoch, "num_train_batch_per_epoch", minimum=1, allowed=(-1,))
+        check_int(num_eval_batch_per_dl, "num_eval_batch_per_dl", minimum=1, allowed=(-1,))
+        check_int(num_eval_sanity_batch, "num_eval_sanity_batch", minimum=0)
+        if self._has_run:
+            raise ConfigurationError("Trainer.run() was already called; build a new Trainer to train again.")
+        self._has_run = True
+        if catch_KeyboardInterrupt is None:
+            catch_KeyboardInterrupt = not self.driver.is_distributed()
+        self.num_eval_batch_per_dl = num_eval_batch_per_dl
+        if num_train_batch_per_epoch != -1:
+            self.dataloader = TruncatedLoader(self.dataloader, num_train_batch_per_epoch)
+        self.num_batches_per_epoch = loader_length(self.dataloader)
+        self._plan_length()
+        try:
+            if self.evaluator is not None and num_eval_sanity_batch > 0:
+                self.fire("on_sanity_check_begin")
+                results = self.evaluator.run(num_eval_batch_per_dl=num_eval_sanity_batch)
+                self.fire("on_sanity_check_end", results)
+            self.fire("on_train_begin")
+            self.driver.barrier()
+            self.driver.zero_grad()
+            while self.cur_epoch_idx < self.n_epochs and not self._reached_n_batches():
+                self._run_epoch()
+                self.cur_epoch_idx += 1
+                self.fire("on_train_epoch_end")
+                if self._evaluate_every_epochs and self.cur_epoch_idx % self._evaluate_every_epochs == 0:
+                    self._evaluate()
+        except EarlyStopException as exc:
+            self.fire("on_exception", exc)
+        except KeyboardInterrupt as exc:
+            self.driver.on_exception()
+            self.fire("on_exception", exc)
+            if not catch_KeyboardInterrupt:
+                raise
+        except BaseException as exc:
+            self.driver.on_exception()
+            self.fire("on_exception", exc)
+            raise
+        finally:
+            self.fire("on_train_end")
+
+    def _plan_length(self) -> None:
+        """Work out ``n_batches`` from ``n_epochs`` (or the reverse) once the epoch length is known."""
+        per_epoch = self.num_batches_per_epoch
+        if self._requested_n_batches == -1:
+            self.n_batches = None if per_epoch is None else per_epoch * self.n_epochs
+        elif per_epoch:
+            self.n_epochs = -(-self._requested_n_batches // per_epoch)
+        else:
+            self.n_epochs = 2**62  # an iterable without len: stop on n_batches only
+
+    def _reached_n_batches(self) -> bool:
+        return self.n_batches is not None and self.global_forward_batches >= self.n_batches
+
+    @property
+    def _evaluate_every_epochs(self) -> int:
+        every = self.evaluate_every
+        return -every if self.evaluator is not None and isinstance(every, int) and every < 0 else 0
+
+    def _run_epoch(self) -> None:
+        driver = self.driver
+        handlers = self._handlers
+        fire = self.fire
+        driver.set_model_mode("train")
+        self.batch_idx_in_epoch = 0
+        per_epoch = self.num_batches_per_epoch
+        remaining = None if self.n_batches is None else self.n_batches - self.global_forward_batches
+        self._epoch_length = per_epoch if remaining is None else (
+            remaining if per_epoch is None else min(per_epoch, remaining))
+        fire("on_train_epoch_begin")
+        driver.set_sampler_epoch(self.dataloader, self.cur_epoch_idx)
+        evaluator = self.evaluator
+        every = self.evaluate_every if evaluator is not None else None
+        every_batches = every if isinstance(every, int) and every > 0 else 0
+        every_fn = every if callable(every) else None
+        batch_step_fn = self.batch_step_fn
+        stop_at = self._epoch_length
+        iterator = iter(self.dataloader)
+        while True:
+            if handlers["on_fetch_data_begin"]:
+                fire("on_fetch_data_begin")
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            if handlers["on_fetch_data_end"]:
+                fire("on_fetch_data_end")
+            batch = driver.move_data_to_device(batch)
+            if handlers["on_train_batch_begin"]:
+                fire("on_train_batch_begin", batch, None)
+            batch_step_fn(self, batch)
+            self.batch_idx_in_epoch += 1
+            self.global_forward_batches += 1
+            if handlers["on_train_batch_end"]:
+                fire("on_train_batch_end")
+            if (every_batches and self.global_forward_batches % every_batches == 0) or (
+                    every_fn is not None and every_fn(self)):
+                self._evaluate()
+            if stop_at is not None and self.batch_idx_in_epoch >= stop_at:
+                break
+        if self.accumulation_steps > 1 and self._epoch_length is None and self.batch_idx_in_epoch % self.accumulation_steps:
+            # An epoch of unknown length ended mid-cycle: apply what was accumulated.
+            self._force_step = True
+            self.step()
+            self.zero_grad()
+            self._force_step = False
+
+    # ------------------------------------------------- the parts of a batch step
+    _force_step = False
+
+    def _is_cycle_end(self) -> bool:
+        """Whether the current batch closes its gradient-accumulation cycle (then the optimizer steps)."""
+        k = self.accumulation_steps
+        if k == 1 or self._force_step:
+            return True
+        done = self.batch_idx_in_epoch + 1
+        return done % k == 0 or (self._epoch_length is not None and done == self._epoch_length)
+
+    def _cycle_size(self) -> int:
+        """Number of batches in the current accumulation cycle (shorter for the last one of an epoch)."""
+        k = self.accumulation_steps
+        if self._epoch_length is None:
+            return k
+        start = self.batch_idx_in_epoch // k * k
+        return min(k, self._epoch_length - start)
+
+    def get_no_sync_context(self) -> contextlib.AbstractContextManager:
+        """``driver.no_sync()`` inside an accumulation cycle, a no-op on the batch that steps."""
+        return self._null if self._is_cycle_end() else self.driver.no_sync()
+
+    def train_step(self, batch: Any) -> Any:
+        """Run the train function on ``batch`` (mapped, in the driver's precision); return mapped outputs."""
+        if self._input_fn is not None:
+            batch = self._input_fn(batch)
+        with self.driver.auto_cast():
+            outputs = self.driver.model_call(batch, self._train_fn, self._train_sig)
+        if self._output_fn is not None:
+            outputs = self._output_fn(outputs)
+        return outputs
+
+    def backward(self, outputs: Any) -> None:
+        """Backpropagate ``outputs["loss"]``, divided by the accumulation cycle's size."""
+        if self._handlers["on_before_backward"]:
+            self.fire("on_before_backward", outputs)
+        loss = _extract_loss(outputs)
+        if self.accumulation_steps > 1:
+            loss = loss / self._cycle_size()
+        self.driver.backward(loss)
+        if self._handlers["on_after_backward"]:
+            self.fire("on_after_backward")
+
+    def step(self) -> None:
+        """Step the optimizers when the accumulation cycle ends (every batch without accumulation)."""
+        if not self._is_cycle_end():
+            return
+        handlers = self._handlers
+        if handlers["on_before_optimizers_step"]:
+            self.fire("on_before_optimizers_step", self.driver.optimizers)
+        self.driver.step()
+        if handlers["on_after_optimizers_step"]:
+            self.fire("on_after_optimizers_step", self.driver.optimizers)
+
+    def zero_grad(self) -> None:
+        """Reset gradients when the accumulation cycle ends."""
+        if not self._is_cycle_end():
+            return
+        handlers = self._handlers
+        if handlers["on_before_zero_grad"]:
+            self.fire("on_before_zero_grad", self.driver.optimizers)
+        self.driver.zero_grad()
+        if handlers["on_after_zero_grad"]:
+            self.fire("on_after_zero_grad", self.driver.optimizers)
+
+    # ----------------------------------------------------------------- evaluation
+    def _evaluate(self) -> dict[str, float]:
+        self.fire("on_evaluate_begin")
+        results = self.evaluator.run(num_eval_batch_per_dl=getattr(self, "num_eval_batch_per_dl", -1))
+        self.driver.set_model_mode("train")
+        self.fire("on_evaluate_end", results)
+        return results
+
+    def evaluate(self, num_eval_batch_per_dl: int = -1) -> dict[str, float]:
+        """Evaluate now with the trainer's evaluator (fires on_evaluate_begin/end)."""
+        if self.evaluator is None:
+            raise ConfigurationError("Trainer.evaluate(): this trainer has no metrics/evaluate_dataloaders.")
+        self.num_eval_batch_per_dl = num_eval_batch_per_dl
+        return self._evaluate()
+
+    def monitor_value(self, results: Mapping[str, float], monitor: Any = None) -> float:
+        """The value ``monitor`` (default: the trainer's) picks from evaluation results."""
+        monitor = self.monitor if monitor is None else monitor
+        if monitor is None:
+            raise ConfigurationError("no monitor is set; pass monitor= to the Trainer or the callback.")
+        return find_monitor_value(results, monitor)
+
+    # --------------------------------------------------------------- model files
+    def save_model(self, folder: str | os.PathLike) -> str:
+        """Write the model's weights to ``folder/model.safetensors`` (atomically, no pickle); return the path."""
+        folder = os.fspath(folder)
+        path = os.path.join(folder, MODEL_FILENAME)
+        if self.driver.is_global_zero:
+            os.makedirs(folder, exist_ok=True)
+            state = self.driver.model_state()
+            atomic_write(path, lambda tmp: self.driver.save_tensors(state, tmp))
+        self.fire("on_save_model")
+        self.driver.barrier()
+        return path
+
+    def load_model(self, folder: str | os.PathLike) -> None:
+        """Load weights written by :meth:`save_model` from ``folder`` (or the file itself)."""
+        path = os.fspath(folder)
+        if os.path.isdir(path):
+            path = os.path.join(path, MODEL_FILENAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"load_model({folder!r}): no {MODEL_FILENAME} there; pass the folder save_model wrote.")
+        self.driver.load_model_state(self.driver.load_tensors(path))
+        self.fire("on_load_model")
+
+
+def _extract_loss(outputs: Any) -> Any:
+    data = as_dict(outputs)
+    if isinstance(data, Mapping) and "loss" in data:
+        return data["loss"]
+    described = f"a dict with keys {sorted(data)}" if isinstance(data, Mapping) else type(outputs).__name__
+    raise BatchMismatchError(
+        f"the train function returned {described}, without 'loss'. Return {{'loss': loss, ...}} or pass "
+        "output_mapping={'your_key': 'loss'} (or a function) to the Trainer."
+    )
+
+
+def _exclusive(general: Any, specific: Any, general_name: str, specific_name: str) -> Any:
+    if general is not None and specific is not None:
+        raise ConfigurationError(f"{general_name} and {specific_name} were both given; pass only one of them.")
+    return specific if specific is not None else general
+
+
+def _check_evaluate_every(evaluate_every: Any) -> None:
+    if callable(evaluate_every):
+        return
+    if isinstance(evaluate_every, int) and not isinstance(evaluate_every, bool) and evaluate_every != 0:
+        return
+    raise ConfigurationError(
+        f"evaluate_every={evaluate_every!r} is not accepted; use an int > 0 (every n batches), an int < 0 "
+        "(every -n epochs) or a function(trainer) -> bool called after each batch."
+    )

@@ -1,0 +1,96 @@
+"""The numpy driver: the smallest complete implementation of the drivetrain Driver contract."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import safetensors.numpy
+
+from drivetrain import Driver, DriverError
+
+from .model import LinearModel, NumpyLoss
+from .optim import SGD
+
+
+class NumpyDriver(Driver):
+    name = "numpy"
+
+    def __init__(self, model: Any, **options: Any) -> None:
+        if not isinstance(model, LinearModel):
+            raise DriverError(f"model={type(model).__name__}: the numpy driver drives drivetrain_numpy.LinearModel only.")
+        super().__init__(model, **options)
+
+    def _check_optimizer(self, optimizer: Any) -> str | None:
+        if not isinstance(optimizer, SGD):
+            return "the numpy driver needs a drivetrain_numpy.SGD optimizer."
+        if optimizer.params is not self.model.params:
+            return "this optimizer does not optimise the model's parameters."
+        return None
+
+    def set_model_mode(self, mode: str) -> None:
+        if mode not in ("train", "eval"):
+            raise DriverError(f"mode={mode!r}; use 'train' or 'eval'.")
+        self.model.training = mode == "train"
+
+    def backward(self, loss: Any) -> None:
+        if not isinstance(loss, NumpyLoss):
+            raise DriverError(f"loss={loss!r} is not a NumpyLoss produced by the model.")
+        loss.backward()
+
+    def step(self) -> None:
+        if self.grad_clip is not None:
+            grads = self.model.grads
+            if self.grad_clip_type == "value":
+                for g in grads.values():
+                    np.clip(g, -self.grad_clip, self.grad_clip, out=g)
+            else:
+                norm = float(np.sqrt(sum(float((g**2).sum()) for g in grads.values())))
+                if norm > self.grad_clip:
+                    for g in grads.values():
+                        g *= self.grad_clip / (norm + 1e-6)
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad()
+
+    def move_data_to_device(self, batch: Any) -> Any:
+        return batch
+
+    def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
+        if isinstance(tensor, NumpyLoss):
+            return np.asarray(tensor.value)
+        return np.asarray(tensor)
+
+    def is_tensor(self, obj: Any) -> bool:
+        return isinstance(obj, (np.ndarray, NumpyLoss))
+
+    def model_state(self) -> dict[str, Any]:
+        return {k: v.copy() for k, v in self.model.params.items()}
+
+    def load_model_state(self, state: Mapping[str, Any]) -> None:
+        params = self.model.params
+        if set(state) != set(params):
+            raise DriverError(f"model state keys {sorted(state)} do not match the model's {sorted(params)}.")
+        for k, v in state.items():
+            params[k][...] = v
+
+    def save_tensors(self, tensors: Mapping[str, Any], path: str) -> None:
+        safetensors.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path)
+
+    def load_tensors(self, path: str) -> dict[str, Any]:
+        return safetensors.numpy.load_file(path)
+
+    def seed(self, seed: int) -> None:
+        np.random.seed(seed)
+
+
+def create_driver(model: Any, device: Any, *, framework_kwargs: Mapping | None = None, **options: Any) -> NumpyDriver:
+    if device not in (None, "cpu"):
+        raise DriverError(f"device={device!r} is not accepted by the numpy driver; use 'cpu'.")
+    if framework_kwargs:
+        raise DriverError(f"numpy_kwargs={dict(framework_kwargs)!r}: the numpy driver takes no extra options.")
+    return NumpyDriver(model, **options)
