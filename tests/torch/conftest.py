@@ -14,7 +14,6 @@ torch.set_num_threads(1)
 from drivetrain._plugins import create_driver  # noqa: E402
 
 
-
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests marked ``gpu`` are skipped where torch sees no CUDA device."""
     if torch.cuda.is_available():
@@ -22,7 +21,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     here = os.path.dirname(os.path.abspath(__file__))
     for item in items:
-        if "gpu" in item.keywords and str(item.path).startswith(here):
+        if item.get_closest_marker("gpu") is not None and str(item.path).startswith(here):
             item.add_marker(skip)
 
 

@@ -66,17 +66,17 @@ def test_cpu_batch_on_cpu_comes_back_as_is(model, make_driver) -> None:
         assert d.move_data_to_device(leaf) is leaf
 
 
-def test_moving_rebuilds_only_what_changed(model, make_driver) -> None:
-    """Moving to another dtype-free 'device' is simulated with a meta tensor that must come to CPU."""
-    d = make_driver(model)
+def test_nested_batch_is_rebuilt_with_moved_tensors() -> None:
+    """Without a GPU, 'meta' is a second device CPU tensors can move to: it exercises every rebuild path."""
+    from drivetrain_torch._device import move_to_device
+
     batch = _nested()
-    batch["list"][0] = torch.zeros(1, device="meta")
-    batch["sample"].meta["inner"][0] = torch.zeros(1, device="meta")
-    batch["pair"] = Pair(torch.zeros(3, device="meta"), "cat")
-    batch["frozen"] = FrozenSample(torch.zeros(1, device="meta"))
-    batch["default"]["k"] = torch.zeros(1, device="meta")
-    with pytest.raises(NotImplementedError):  # meta tensors have no data to copy: proves the walk reaches them
-        d.move_data_to_device(batch["list"])
+    moved = move_to_device(batch, torch.device("meta"))
+    _check_moved(moved, batch, torch.device("meta"))
+    assert all(t.device.type == "cpu" for t in _tensors(batch))
+    assert moved["tuple"] is not batch["tuple"] and type(moved["tuple"]) is tuple
+    untouched = {"only": "strings", "n": [1, 2]}
+    assert move_to_device(untouched, torch.device("meta")) is untouched
 
 
 def _batch_on(device: str) -> dict:
@@ -153,7 +153,9 @@ def test_dataloader_legality(model, make_driver) -> None:
     d.check_dataloader_legality(torch.utils.data.DataLoader(dataset, batch_size=2))
     d.check_dataloader_legality([{"x": torch.zeros(2)}], "evaluate_dataloaders")
     d.check_dataloader_legality(iter([1, 2]))
-    with pytest.raises(DriverError, match=r"^train_dataloader=TensorDataset is a Dataset, not a dataloader.*DataLoader\("):
+    with pytest.raises(
+        DriverError, match=r"^train_dataloader=TensorDataset is a Dataset, not a dataloader.*DataLoader\("
+    ):
         d.check_dataloader_legality(dataset)
     with pytest.raises(DriverError, match="^evaluate_dataloaders=int is not iterable"):
         d.check_dataloader_legality(3, "evaluate_dataloaders")
@@ -184,9 +186,7 @@ def test_set_sampler_epoch_reaches_a_distributed_style_sampler(model, make_drive
 def test_driver_works_with_a_real_dataloader(model, make_driver) -> None:
     x = torch.randn(32, 4)
     y = (x[:, 0] > 0).long()
-    loader = torch.utils.data.DataLoader(
-        torch.utils.data.StackDataset(x=x, y=y), batch_size=8, shuffle=False
-    )
+    loader = torch.utils.data.DataLoader(torch.utils.data.StackDataset(x=x, y=y), batch_size=8, shuffle=False)
     d = make_driver(model)
     d.set_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
     fn, sig = d.get_model_call_fn(None)

@@ -42,7 +42,10 @@ def test_fp32_training_reduces_the_loss(model, make_driver, batches) -> None:
 
 def test_several_optimizers_all_step(model, make_driver, batches) -> None:
     d = make_driver(model)
-    opts = [torch.optim.SGD(model.fc1.parameters(), lr=0.1), torch.optim.Adam(model.fc2.parameters(), lr=0.01)]
+    opts = [
+        torch.optim.SGD(model.fc1.parameters(), lr=0.1),
+        torch.optim.Adam(model.fc2.parameters(), lr=0.01),
+    ]
     d.set_optimizers(opts)
     before = [p.detach().clone() for p in model.parameters()]
     _train(d, batches[:1], epochs=1)
@@ -120,7 +123,9 @@ def test_loss_without_grad(model, make_driver, batches) -> None:
     fn, sig = d.get_model_call_fn(None)
     with d.no_grad():
         out = d.model_call(batches[0], fn, sig)
-    with pytest.raises(DriverError, match="does not require grad: did you compute it under no_grad or detach it"):
+    with pytest.raises(
+        DriverError, match="does not require grad: did you compute it under no_grad or detach it"
+    ):
         d.backward(out["loss"])
     out = d.model_call(batches[0], fn, sig)
     with pytest.raises(DriverError, match="does not require grad"):
@@ -160,7 +165,9 @@ def test_auto_cast_can_be_nested(model, make_driver) -> None:
 
 def test_fp16_on_cpu_warns_and_uses_a_grad_scaler(model, make_driver, batches) -> None:
     with pytest.warns(UserWarning, match=r"fp16' on CPU runs ~30x slower.*precision='bf16'"):
-        d = make_driver(model, precision="fp16", framework_kwargs={"grad_scaler_kwargs": {"init_scale": 1024.0}})
+        d = make_driver(
+            model, precision="fp16", framework_kwargs={"grad_scaler_kwargs": {"init_scale": 1024.0}}
+        )
     assert d.grad_scaler is not None and d.grad_scaler.get_scale() == 1024.0
     d.set_optimizers(_sgd(model))
     with d.auto_cast():
@@ -241,7 +248,9 @@ def test_auto_parameter_matching_ignores_extra_keys(model, make_driver, batches)
 def test_missing_parameter_names_it_and_the_batch_keys(model, make_driver) -> None:
     d = make_driver(model)
     fn, sig = d.get_model_call_fn(None)
-    with pytest.raises(BatchMismatchError, match=r"needs parameter\(s\) \['x'\] but the batch has keys \['inputs', 'y'\]"):
+    with pytest.raises(
+        BatchMismatchError, match=r"needs parameter\(s\) \['x'\] but the batch has keys \['inputs', 'y'\]"
+    ):
         d.model_call({"inputs": torch.zeros(2, 4), "y": torch.zeros(2, dtype=torch.long)}, fn, sig)
 
 
@@ -298,6 +307,7 @@ def test_modes_and_no_grad(model, make_driver, batches) -> None:
     assert d.unwrap_model() is model
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # importing torch._dynamo warns about torch.jit
 def test_unwrap_model_looks_through_torch_compile(model, make_driver) -> None:
     compiled = torch.compile(model)  # lazy: nothing is compiled until it is called
     d = make_driver(compiled)

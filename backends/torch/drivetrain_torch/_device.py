@@ -55,7 +55,9 @@ def resolve_device(device: Any, model: torch.nn.Module) -> torch.device:
         try:
             resolved = torch.device(text)
         except (RuntimeError, ValueError):
-            raise DriverError(f"device={given!r} is not a device torch understands; accepted: {ACCEPTED}.") from None
+            raise DriverError(
+                f"device={given!r} is not a device torch understands; accepted: {ACCEPTED}."
+            ) from None
     elif isinstance(device, torch.device):
         resolved = device
     else:

@@ -113,8 +113,10 @@ class TorchSingleDriver(Driver):
         framework_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
-            kind = "a class; pass an instance, e.g. MyNet()" if isinstance(model, type) else (
-                f"a {type(model).__module__}.{type(model).__qualname__}"
+            kind = (
+                "a class; pass an instance, e.g. MyNet()"
+                if isinstance(model, type)
+                else (f"a {type(model).__module__}.{type(model).__qualname__}")
             )
             raise DriverError(f"model={model!r:.80} is {kind}; the torch driver needs a torch.nn.Module.")
         super().__init__(
@@ -171,7 +173,9 @@ class TorchSingleDriver(Driver):
             )
         if not isinstance(optimizer, torch.optim.Optimizer):
             framework = (type(optimizer).__module__ or "").split(".")[0]
-            origin = f" (a {framework} object)" if framework and framework not in ("builtins", "torch") else ""
+            origin = (
+                f" (a {framework} object)" if framework and framework not in ("builtins", "torch") else ""
+            )
             return (
                 f"is not a torch.optim.Optimizer{origin}; the torch driver needs a torch optimizer, "
                 "e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)."
@@ -242,7 +246,9 @@ class TorchSingleDriver(Driver):
         if not isinstance(tensor, torch.Tensor):
             return np.asarray(tensor)
         copied = tensor.device.type != "cpu"
-        if tensor.dtype in _LOW_PRECISION_FLOATS or (tensor.is_floating_point() and tensor.element_size() == 1):
+        if tensor.dtype in _LOW_PRECISION_FLOATS or (
+            tensor.is_floating_point() and tensor.element_size() == 1
+        ):
             tensor = tensor.detach().float()  # numpy has no bfloat16 / float8
             copied = True
         array = tensor.numpy(force=True)

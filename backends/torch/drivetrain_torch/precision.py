@@ -23,7 +23,9 @@ SCALER_KWARGS = ("init_scale", "growth_factor", "backoff_factor", "growth_interv
 class Precision:
     """The autocast factory and optional GradScaler for one precision on one device."""
 
-    def __init__(self, precision: str, device: torch.device, scaler_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, precision: str, device: torch.device, scaler_kwargs: Mapping[str, Any] | None = None
+    ) -> None:
         self.precision = precision
         self.device_type = device.type
         self.dtype = _DTYPES.get(precision)

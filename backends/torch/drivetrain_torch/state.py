@@ -91,7 +91,9 @@ def save_tensors(tensors: Mapping[str, Any], path: str | os.PathLike) -> None:
     prepared: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         if not isinstance(name, str):
-            raise DriverError(f"save_tensors: key {name!r} is a {type(name).__name__}; tensor names must be str.")
+            raise DriverError(
+                f"save_tensors: key {name!r} is a {type(name).__name__}; tensor names must be str."
+            )
         if isinstance(tensor, np.ndarray):
             tensor = torch.from_numpy(np.ascontiguousarray(tensor))
         if not isinstance(tensor, torch.Tensor):

@@ -101,6 +101,15 @@ class ProgressCallback(Callback):
         return "; ".join(parts)
 
 
+_NO_EPOCH_LIMIT = 10**9
+
+
+def total_epochs(trainer: Any) -> int | None:
+    """``trainer.n_epochs``, or None when training is bounded by batches only (a huge sentinel or None)."""
+    n = trainer.n_epochs
+    return None if n is None or n >= _NO_EPOCH_LIMIT else n
+
+
 def epoch_number(trainer: Any, finished_epoch: bool) -> int:
     """1-based number of the epoch on display (``cur_epoch_idx`` moves on before on_train_epoch_end)."""
     return trainer.cur_epoch_idx if finished_epoch else trainer.cur_epoch_idx + 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import IO, Any
 
-from .base import ProgressCallback, epoch_number, format_results, format_value, of_total
+from .base import ProgressCallback, epoch_number, format_results, format_value, of_total, total_epochs
 
 
 class RawTextProgress(ProgressCallback):
@@ -25,13 +25,15 @@ class RawTextProgress(ProgressCallback):
 
     def on_train_begin(self, trainer: Any) -> None:
         super().on_train_begin(trainer)
-        per_epoch = trainer.num_batches_per_epoch
-        batches = f", {per_epoch} batches per epoch" if per_epoch else ""
-        self._print(f"training: {trainer.n_epochs} epochs{batches}")
+        per_epoch, epochs = trainer.num_batches_per_epoch, total_epochs(trainer)
+        plan = [f"{epochs} epochs" if epochs else "", f"{per_epoch} batches per epoch" if per_epoch else ""]
+        if not epochs and trainer.n_batches:
+            plan.append(f"{trainer.n_batches} batches in all")
+        self._print("training: " + (", ".join(p for p in plan if p) or "until the data ends"))
 
     def refresh(self, trainer: Any, finished_epoch: bool) -> None:
         parts = [
-            f"epoch {epoch_number(trainer, finished_epoch)}/{trainer.n_epochs}",
+            f"epoch {of_total(epoch_number(trainer, finished_epoch), total_epochs(trainer))}",
             f"batch {of_total(trainer.batch_idx_in_epoch, trainer.num_batches_per_epoch)}",
             f"step {of_total(trainer.global_forward_batches, trainer.n_batches)}",
         ]

@@ -14,9 +14,12 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
-from .base import ProgressCallback, epoch_number, format_results, format_value
+from .base import ProgressCallback, epoch_number, format_results, format_value, total_epochs
+
+_RESULTS_ON_BAR = 3
 
 
 class RichProgress(ProgressCallback):
@@ -25,7 +28,7 @@ class RichProgress(ProgressCallback):
     Args:
         print_every: update the batch bar every that many batches.
         leave: keep the finished bars on screen (False clears them at the end).
-        console: the ``rich.console.Console`` to draw on (default: a new one on stdout).
+        console: the ``rich.console.Console`` to draw on (default: rich's global console on stdout).
 
     The live display is stopped in ``on_train_end`` and ``on_exception``, so the
     terminal is given back even when training fails.
@@ -44,18 +47,18 @@ class RichProgress(ProgressCallback):
         super().on_train_begin(trainer)
         self._stop()
         self._progress = Progress(
-            TextColumn("{task.description}", style="bold"),
+            TextColumn("{task.description}", style="bold", table_column=Column(no_wrap=True, min_width=8)),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("<"),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}"),
+            TextColumn("{task.fields[info]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
             console=self.console,
             transient=not self.leave,
         )
         self._epoch_task = self._progress.add_task(
-            "epochs", total=trainer.n_epochs, completed=trainer.cur_epoch_idx, info=""
+            "epochs", total=total_epochs(trainer), completed=trainer.cur_epoch_idx, info=""
         )
         self._batch_task = self._progress.add_task(
             f"epoch {trainer.cur_epoch_idx + 1}", total=trainer.num_batches_per_epoch, info=""
@@ -111,7 +114,9 @@ class RichProgress(ProgressCallback):
     def show_results(self, trainer: Any, results: dict[str, Any]) -> None:
         text = format_results(results) or "(no results)"
         if self._progress is not None:
-            self._progress.update(self._epoch_task, info=text)
-        line = Text(f"evaluation at step {trainer.global_forward_batches}: ", style="bold")
-        line.append(text)
-        self._console().print(line)
+            # The bar shows the first few results; the full line is printed above the bars.
+            shown = dict(list(results.items())[:_RESULTS_ON_BAR])
+            more = " …" if len(results) > _RESULTS_ON_BAR else ""
+            self._progress.update(self._epoch_task, info=format_results(shown) + more)
+        prefix = f"evaluation at step {trainer.global_forward_batches}: "
+        self._console().print(Text.assemble((prefix, "bold"), text))

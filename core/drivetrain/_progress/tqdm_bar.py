@@ -7,7 +7,7 @@ import sys
 from typing import IO, Any
 
 from .._errors import ConfigurationError
-from .base import ProgressCallback, epoch_number, format_results, format_value
+from .base import ProgressCallback, epoch_number, format_results, format_value, of_total, total_epochs
 
 
 def _import_tqdm() -> Any:
@@ -26,7 +26,8 @@ class TqdmProgress(ProgressCallback):
     Args:
         print_every: update the bar every that many batches.
         leave: keep each finished epoch's bar on screen.
-        file: stream to draw on (default: ``sys.stderr``, as tqdm does; results and the summary go to ``sys.stdout``).
+        file: stream for the bars and the result lines (default: bars on ``sys.stderr`` and
+            lines on ``sys.stdout``, as tqdm does).
     """
 
     def __init__(self, print_every: int = 1, leave: bool = True, file: IO[str] | None = None) -> None:
@@ -41,7 +42,7 @@ class TqdmProgress(ProgressCallback):
         self._bar = self._tqdm(
             total=trainer.num_batches_per_epoch,
             initial=trainer.batch_idx_in_epoch,
-            desc=f"epoch {trainer.cur_epoch_idx + 1}/{trainer.n_epochs}",
+            desc=f"epoch {of_total(trainer.cur_epoch_idx + 1, total_epochs(trainer))}",
             leave=self.leave,
             file=self.file if self.file is not None else sys.stderr,
             dynamic_ncols=True,
@@ -54,7 +55,8 @@ class TqdmProgress(ProgressCallback):
         loss = self.current_loss(trainer)
         if loss is not None:
             bar.set_postfix_str(f"loss={format_value(loss)}", refresh=False)
-        bar.set_description_str(f"epoch {epoch_number(trainer, finished_epoch)}/{trainer.n_epochs}", refresh=False)
+        epoch = of_total(epoch_number(trainer, finished_epoch), total_epochs(trainer))
+        bar.set_description_str(f"epoch {epoch}", refresh=False)
         bar.update(trainer.batch_idx_in_epoch - bar.n)
 
     def on_train_epoch_end(self, trainer: Any) -> None:
