@@ -9,7 +9,7 @@ from ._driver import CONTRACT_VERSION
 from ._plugins import KNOWN_BACKENDS, get_registry, install_hint
 
 
-def _backends(out: "object") -> int:
+def _backends(out: object) -> int:
     registry = get_registry()
     write = out.write  # type: ignore[attr-defined]
     write(f"drivetrain driver contract version {CONTRACT_VERSION}\n")

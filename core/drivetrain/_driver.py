@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,17 +257,10 @@ class Driver(abc.ABC):
     def load_tensors(self, path: str) -> dict[str, Any]:
         """Read a file written by :meth:`save_tensors`; never executes code from the file."""
 
+    @abc.abstractmethod
     def seed(self, seed: int) -> None:
         """Seed the framework's random generators."""
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:
         return f"{self.name} driver ({type(self).__qualname__}) precision={self.precision}"
-
-
-def signature_parameters(fn: Callable) -> list[str]:
-    """Parameter names of ``fn`` (self excluded), for error messages."""
-    try:
-        return list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return []

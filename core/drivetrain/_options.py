@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ._driver import PRECISIONS, Driver
@@ -61,7 +60,3 @@ def build_driver(driver: Any, model: Any, device: Any, **options: Any) -> Driver
             f"driver={driver!r} is not accepted; pass a driver name ('torch', 'paddle', ...), 'auto', or a Driver."
         )
     return create_driver(driver, model, device, **options)
-
-
-def as_callable_or_none(value: Any) -> Callable | None:
-    return value if callable(value) else None

@@ -22,7 +22,13 @@ from ._evaluator import Evaluator, normalise_metrics
 from ._events import Event
 from ._io import atomic_write
 from ._monitor import find_monitor_value, validate_monitor
-from ._options import build_driver, check_int, check_optional_callable, resolve_precision, split_backend_kwargs
+from ._options import (
+    build_driver,
+    check_int,
+    check_optional_callable,
+    resolve_precision,
+    split_backend_kwargs,
+)
 from ._param_matching import as_dict, make_mapping_fn
 from ._progress import choose_progress
 

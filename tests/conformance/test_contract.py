@@ -165,7 +165,8 @@ def test_state_round_trip_through_a_pickle_free_file(kit, tmp_path):
     saved = params(driver)
     path = str(tmp_path / "state.safetensors")
     driver.save_tensors(driver.model_state(), path)
-    raw = open(path, "rb").read()
+    with open(path, "rb") as f:
+        raw = f.read()
     (header_len,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + header_len])
     assert set(header) - {"__metadata__"} == set(saved), "save_tensors must write a safetensors file of every tensor"

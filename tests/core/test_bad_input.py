@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from drivetrain_numpy import ArrayLoader, LinearModel, SGD
 
 from drivetrain import (
     Accuracy,
@@ -13,10 +12,11 @@ from drivetrain import (
     ConfigurationError,
     DriverError,
     DriverNotFoundError,
-    Event,
     Evaluator,
+    Event,
     Trainer,
 )
+from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 from .conftest import make_classification, make_regression
 

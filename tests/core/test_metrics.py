@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sklearn.metrics import precision_recall_fscore_support
+
 from drivetrain._errors import ConfigurationError
 from drivetrain._metrics import Accuracy, ClassifyFPreRecMetric, Metric, MetricInputError
-from sklearn.metrics import precision_recall_fscore_support
 
 
 def identity_all_reduce(array: np.ndarray, op: str) -> np.ndarray:

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from rich.console import Console
+
 from drivetrain._callbacks import Callback, CallbackManager
 from drivetrain._errors import ConfigurationError
 from drivetrain._progress import (
@@ -20,7 +22,6 @@ from drivetrain._progress import (
     choose_progress,
 )
 from drivetrain._progress.base import format_results, format_value
-from rich.console import Console
 
 
 class CountingDriver:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from drivetrain_numpy import ArrayLoader, LinearModel, SGD
 
 from drivetrain import Accuracy, Callback, Event, Trainer
+from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 from .conftest import make_regression
 
@@ -314,7 +314,8 @@ def test_failed_save_keeps_previous_model_file(regression, tmp_path):
     model, opt, loader = regression
     trainer = Trainer(model, loader, opt, driver="numpy", n_epochs=1, progress_bar=None)
     path = trainer.save_model(tmp_path)
-    original = open(path, "rb").read()
+    with open(path, "rb") as f:
+        original = f.read()
 
     def broken(tensors, p):
         with open(p, "wb") as f:
@@ -324,5 +325,6 @@ def test_failed_save_keeps_previous_model_file(regression, tmp_path):
     trainer.driver.save_tensors = broken
     with pytest.raises(OSError, match="disk full"):
         trainer.save_model(tmp_path)
-    assert open(path, "rb").read() == original
+    with open(path, "rb") as f:
+        assert f.read() == original
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]

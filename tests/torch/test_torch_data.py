@@ -9,6 +9,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
+
 from drivetrain._errors import DriverError
 
 

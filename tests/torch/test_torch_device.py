@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from drivetrain._errors import DriverError
 
 
@@ -67,12 +68,22 @@ def test_bad_options_are_rejected(model, make_driver) -> None:
         make_driver(model, precision="fp8")
     with pytest.raises(DriverError, match="grad_clip=-1"):
         make_driver(model, grad_clip=-1)
-    with pytest.raises(DriverError, match=r"framework_kwargs\['bogus'\].*accepted: grad_scaler_kwargs"):
+    with pytest.raises(DriverError, match=r"torch_kwargs\['bogus'\].*accepted: grad_scaler_kwargs"):
         make_driver(model, framework_kwargs={"bogus": 1})
     with pytest.raises(DriverError, match="distributed"):
         make_driver(model, framework_kwargs={"ddp_kwargs": {}})
     with pytest.raises(DriverError, match="only applies to precision='fp16'"):
         make_driver(model, framework_kwargs={"grad_scaler_kwargs": {"init_scale": 8.0}})
+
+
+def test_torch_kwargs_arrive_through_backend_kwargs(model) -> None:
+    from drivetrain._plugins import create_driver
+
+    other = {"paddle": {"whatever": 1}}  # another framework's options are not the torch driver's business
+    d = create_driver("torch", model, "cpu", backend_kwargs={"torch": {"set_to_none": False}, **other})
+    assert d.set_to_none is False
+    with pytest.raises(DriverError, match=r"torch_kwargs\['nope'\]"):
+        create_driver("auto", model, "cpu", backend_kwargs={"torch": {"nope": 1}})
 
 
 @pytest.mark.gpu

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+
 from drivetrain._plugins import available_drivers, resolve_spec
 
 FRAMEWORKS = ("torch", "paddle", "jittor", "oneflow")

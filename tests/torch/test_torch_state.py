@@ -8,6 +8,7 @@ import struct
 import numpy as np
 import pytest
 import torch
+
 from drivetrain._errors import DriverError
 
 
@@ -147,3 +148,19 @@ def test_load_model_state_accepts_numpy_arrays(model, make_driver, tiny_net_cls)
     assert torch.equal(other.fc1.weight, model.fc1.weight)
     with pytest.raises(DriverError, match=r"state\['fc1.bias'\] is a list"):
         d.load_model_state({**as_numpy, "fc1.bias": [0.0] * 8})
+
+
+@pytest.mark.gpu
+def test_gpu_model_round_trips_through_the_cpu_file(make_driver, tmp_path) -> None:
+    torch.manual_seed(3)
+    model = TiedNet()
+    d = make_driver(model, "cuda")
+    d.setup()
+    d.save_tensors(d.model_state(), tmp_path / "gpu.safetensors")
+    loaded = d.load_tensors(tmp_path / "gpu.safetensors")
+    assert all(t.device.type == "cpu" for t in loaded.values())
+    fresh = TiedNet().to("cuda")
+    make_driver(fresh, None).load_model_state(loaded)
+    assert fresh.out.weight is fresh.embed.weight
+    assert torch.equal(fresh.embed.weight, model.embed.weight)
+    assert torch.equal(fresh.scale.view(torch.int16), model.scale.view(torch.int16))

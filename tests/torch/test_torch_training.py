@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
 from drivetrain._errors import BatchMismatchError, DriverError
 
 
@@ -130,6 +131,12 @@ def test_loss_without_grad(model, make_driver, batches) -> None:
     out = d.model_call(batches[0], fn, sig)
     with pytest.raises(DriverError, match="does not require grad"):
         d.backward(out["loss"].detach())
+
+
+def test_loss_that_is_not_a_scalar(model, make_driver) -> None:
+    d = make_driver(model)
+    with pytest.raises(DriverError, match=r"'loss' has shape \(8, 4\).*loss.mean\(\)"):
+        d.backward(model.fc1.weight * 2)
 
 
 # ------------------------------------------------------------------------------ precision
@@ -321,3 +328,24 @@ def test_seed_makes_torch_deterministic(model, make_driver) -> None:
     a = torch.rand(3)
     d.seed(123)
     assert torch.equal(a, torch.rand(3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_gpu_training_in_each_precision(model, make_driver, batches, precision) -> None:
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    d = make_driver(model, "cuda", precision=precision, grad_clip=1.0)
+    d.setup()
+    assert next(model.parameters()).is_cuda
+    d.set_optimizers(_sgd(model))
+    assert (d.grad_scaler is not None) == (precision == "fp16")
+    with d.auto_cast():
+        model(d.move_data_to_device(batches[0])["x"])
+    assert (
+        model.last_hidden_dtype
+        == {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    )
+    losses = _train(d, batches, epochs=8)
+    assert np.isfinite(losses[-8:]).all()
+    assert np.mean(losses[-8:]) < 0.5 * np.mean(losses[:8])

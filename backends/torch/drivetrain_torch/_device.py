@@ -14,6 +14,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
+
 from drivetrain._errors import DriverError
 
 ACCEPTED = (

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from drivetrain._driver import Driver
 from drivetrain._errors import DriverError
 
@@ -46,8 +47,10 @@ def create_driver(
 ) -> TorchSingleDriver:
     """Build the torch driver for ``model`` on ``device`` (see :mod:`drivetrain_torch._device` for devices).
 
-    A list of several devices asks for data-parallel training, which belongs to the
-    distributed torch driver; a one-element list means that single device.
+    ``framework_kwargs`` holds torch-only options (:data:`FRAMEWORK_KWARGS`); the
+    Trainer's ``torch_kwargs=`` arrives here under that name. A list of several
+    devices asks for data-parallel training, which belongs to the distributed torch
+    driver; a one-element list means that single device.
     """
     if isinstance(device, (list, tuple)):
         if len(device) == 1:
@@ -79,18 +82,18 @@ def _check_framework_kwargs(framework_kwargs: Any) -> dict[str, Any]:
         return {}
     if not isinstance(framework_kwargs, Mapping):
         raise DriverError(
-            f"framework_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(FRAMEWORK_KWARGS)}."
+            f"torch_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(FRAMEWORK_KWARGS)}."
         )
     for key in framework_kwargs:
         if key in FRAMEWORK_KWARGS:
             continue
         if key in _DISTRIBUTED_ONLY_KWARGS:
             raise DriverError(
-                f"framework_kwargs[{key!r}] applies to distributed torch training, which this single-process "
+                f"torch_kwargs[{key!r}] applies to distributed torch training, which this single-process "
                 "driver does not do; remove it."
             )
         accepted = "; ".join(f"{name}: {what}" for name, what in FRAMEWORK_KWARGS.items())
-        raise DriverError(f"framework_kwargs[{key!r}] is not a torch driver option; accepted: {accepted}.")
+        raise DriverError(f"torch_kwargs[{key!r}] is not a torch driver option; accepted: {accepted}.")
     return dict(framework_kwargs)
 
 
@@ -194,10 +197,18 @@ class TorchSingleDriver(Driver):
     def backward(self, loss: Any) -> None:
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             self._raise_bad_loss(loss)
-        if self.grad_scaler is not None:
-            self.grad_scaler.scale(loss).backward()
-        else:
-            loss.backward()
+        try:
+            if self.grad_scaler is not None:
+                self.grad_scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        except RuntimeError as exc:
+            if loss.numel() != 1:
+                raise DriverError(
+                    f"the model's output 'loss' has shape {tuple(loss.shape)}; backward needs a single number: "
+                    "reduce it in the model, e.g. loss.mean()."
+                ) from exc
+            raise
 
     @staticmethod
     def _raise_bad_loss(loss: Any) -> None:

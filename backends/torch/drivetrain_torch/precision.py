@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+
 from drivetrain._errors import DriverError
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -34,7 +35,7 @@ class Precision:
         self._make_autocast: Callable[[], contextlib.AbstractContextManager] | None = None
         if scaler_kwargs and precision != "fp16":
             raise DriverError(
-                f"framework_kwargs['grad_scaler_kwargs'] only applies to precision='fp16', got precision={precision!r}; "
+                f"torch_kwargs['grad_scaler_kwargs'] only applies to precision='fp16', got precision={precision!r}; "
                 "remove it or use precision='fp16'."
             )
         if self.dtype is None:
@@ -68,7 +69,7 @@ def _make_scaler(device_type: str, kwargs: dict[str, Any]) -> Any:
     unknown = sorted(set(kwargs) - set(SCALER_KWARGS))
     if unknown:
         raise DriverError(
-            f"framework_kwargs['grad_scaler_kwargs'] has unknown key(s) {unknown}; accepted: {list(SCALER_KWARGS)}."
+            f"torch_kwargs['grad_scaler_kwargs'] has unknown key(s) {unknown}; accepted: {list(SCALER_KWARGS)}."
         )
     amp_scaler = getattr(torch.amp, "GradScaler", None)
     if amp_scaler is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import safetensors.torch
 import torch
+
 from drivetrain._errors import DriverError
 
 _MAX_LISTED = 10
