@@ -41,6 +41,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import torch  # noqa: E402 - after the thread settings
+
 from drivetrain import Trainer  # noqa: E402
 
 SEED = 0

@@ -187,7 +187,7 @@ class Trainer:
         self.batch_step_fn = batch_step_fn or _default_batch_step
         self._train_fn, self._train_sig = self.driver.get_model_call_fn(train_fn, default="train_step")
         self.accumulation_steps = accumulation_steps
-        self.n_epochs = n_epochs
+        self.n_epochs: int | None = n_epochs
         self.n_batches: int | None = None if n_batches == -1 else n_batches
         self._requested_n_batches = n_batches
         self.cur_epoch_idx = 0
@@ -273,7 +273,7 @@ class Trainer:
             self.fire("on_train_begin")
             self.driver.barrier()
             self.driver.zero_grad()
-            while self.cur_epoch_idx < self.n_epochs and not self._reached_n_batches():
+            while (self.n_epochs is None or self.cur_epoch_idx < self.n_epochs) and not self._reached_n_batches():
                 self._run_epoch()
                 self.cur_epoch_idx += 1
                 self.fire("on_train_epoch_end")
@@ -301,7 +301,7 @@ class Trainer:
         elif per_epoch:
             self.n_epochs = -(-self._requested_n_batches // per_epoch)
         else:
-            self.n_epochs = 2**62  # an iterable without len: stop on n_batches only
+            self.n_epochs = None  # an iterable without len: epochs end when n_batches is reached
 
     def _reached_n_batches(self) -> bool:
         return self.n_batches is not None and self.global_forward_batches >= self.n_batches

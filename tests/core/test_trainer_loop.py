@@ -328,3 +328,16 @@ def test_failed_save_keeps_previous_model_file(regression, tmp_path):
     with open(path, "rb") as f:
         assert f.read() == original
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+def test_iterable_without_len_stops_on_n_batches(regression):
+    model, opt, loader = regression
+
+    class Stream:
+        def __iter__(self):
+            return iter(loader)
+
+    trainer = Trainer(model, Stream(), opt, driver="numpy", n_batches=13, progress_bar="raw")
+    trainer.run()
+    assert trainer.global_forward_batches == 13
+    assert trainer.n_epochs is None and trainer.cur_epoch_idx == 2

@@ -187,7 +187,8 @@ def test_set_sampler_epoch_reaches_a_distributed_style_sampler(model, make_drive
 def test_driver_works_with_a_real_dataloader(model, make_driver) -> None:
     x = torch.randn(32, 4)
     y = (x[:, 0] > 0).long()
-    loader = torch.utils.data.DataLoader(torch.utils.data.StackDataset(x=x, y=y), batch_size=8, shuffle=False)
+    samples = [{"x": x[i], "y": y[i]} for i in range(32)]  # default collate stacks them into dict batches
+    loader = torch.utils.data.DataLoader(samples, batch_size=8, shuffle=False)
     d = make_driver(model)
     d.set_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
     fn, sig = d.get_model_call_fn(None)

@@ -72,6 +72,8 @@ def test_bad_options_are_rejected(model, make_driver) -> None:
         make_driver(model, framework_kwargs={"bogus": 1})
     with pytest.raises(DriverError, match="distributed"):
         make_driver(model, framework_kwargs={"ddp_kwargs": {}})
+    with pytest.raises(DriverError, match=r"torch_kwargs\['non_blocking'\]='yes' must be True or False"):
+        make_driver(model, framework_kwargs={"non_blocking": "yes"})
     with pytest.raises(DriverError, match="only applies to precision='fp16'"):
         make_driver(model, framework_kwargs={"grad_scaler_kwargs": {"init_scale": 8.0}})
 

@@ -97,6 +97,13 @@ def _check_framework_kwargs(framework_kwargs: Any) -> dict[str, Any]:
     return dict(framework_kwargs)
 
 
+def _bool_option(options: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = options.get(key, default)
+    if not isinstance(value, bool):
+        raise DriverError(f"torch_kwargs[{key!r}]={value!r} must be True or False.")
+    return value
+
+
 class TorchSingleDriver(Driver):
     """Drives a ``torch.nn.Module`` in one process on one device (CPU or one CUDA GPU)."""
 
@@ -119,7 +126,7 @@ class TorchSingleDriver(Driver):
             kind = (
                 "a class; pass an instance, e.g. MyNet()"
                 if isinstance(model, type)
-                else (f"a {type(model).__module__}.{type(model).__qualname__}")
+                else f"a {type(model).__module__}.{type(model).__qualname__}"
             )
             raise DriverError(f"model={model!r:.80} is {kind}; the torch driver needs a torch.nn.Module.")
         super().__init__(
@@ -131,11 +138,10 @@ class TorchSingleDriver(Driver):
         )
         options = _check_framework_kwargs(framework_kwargs)
         self.device: torch.device = resolve_device(device, model)
-        self.non_blocking = bool(options.get("non_blocking", self.device.type == "cuda"))
-        self.set_to_none = bool(options.get("set_to_none", True))
+        self.non_blocking = _bool_option(options, "non_blocking", self.device.type == "cuda")
+        self.set_to_none = _bool_option(options, "set_to_none", True)
         self._precision = Precision(precision, self.device, options.get("grad_scaler_kwargs"))
         self.grad_scaler = self._precision.scaler
-        self._on_cpu = self.device.type == "cpu"
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self) -> None:
