@@ -90,49 +90,72 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 
 
 # ------------------------------------------------------------------ the two sides
-def hand_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict]) -> float:
-    """The reference: what a user would write by hand. Returns seconds."""
+Timing = tuple[float, float]  # (wall seconds, CPU seconds of this process)
+
+
+def hand_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict]) -> Timing:
+    """The reference: what a user would write by hand."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for batch in batches:
         loss = model(batch["x"], batch["target"])["loss"]
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
 def trainer_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict],
-                 progress_bar: Any = None) -> float:
-    """The same training through ``Trainer.run()``; construction is not timed. Returns seconds."""
+                 progress_bar: Any = None) -> Timing:
+    """The same training through ``Trainer.run()``; building the Trainer is not timed."""
     trainer = Trainer(model, batches, optimizer, driver="torch", device="cpu", n_epochs=1,
                       progress_bar=progress_bar)
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink):
-        start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        start, cpu_start = time.perf_counter(), time.process_time()
         trainer.run()
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start, time.process_time() - cpu_start
     if trainer.global_forward_batches != len(batches):
         raise SystemExit(f"the Trainer ran {trainer.global_forward_batches} of {len(batches)} steps")
     return elapsed
 
 
 # ---------------------------------------------------------------------- running
-def fresh(initial: torch.nn.Module) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def timed(fn: Callable[..., Timing], initial: torch.nn.Module, batches: list[dict],
+          **kwargs: Any) -> tuple[Timing, torch.nn.Module]:
+    """Train a fresh copy of ``initial`` (same weights every time) with a fresh SGD."""
     model = copy.deepcopy(initial)
-    return model, torch.optim.SGD(model.parameters(), lr=LR)
-
-
-def timed(fn: Callable[..., float], initial: torch.nn.Module, batches: list[dict], **kwargs: Any) -> tuple[float, Any]:
-    model, optimizer = fresh(initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     gc.collect()
-    seconds = fn(model, optimizer, batches, **kwargs)
-    return seconds, model
+    return fn(model, optimizer, batches, **kwargs), model
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+
+
+SIDES: dict[str, dict[str, Any]] = {
+    "hand": {"fn": hand_loop, "kwargs": {}},
+    "trainer": {"fn": trainer_loop, "kwargs": {}},
+    "trainer_raw_progress": {"fn": trainer_loop, "kwargs": {"progress_bar": "raw"}},
+}
+
+
+def summarise(us: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians per side, and the median of the per-round (paired) trainer/hand ratios and differences."""
+    out: dict[str, Any] = {"median_us_per_step": {side: statistics.median(v) for side, v in us.items()},
+                           "min_us_per_step": {side: min(v) for side, v in us.items()}}
+    for side in us:
+        if side == "hand":
+            continue
+        pairs = list(zip(us[side], us["hand"], strict=True))
+        out[side] = {
+            "ratio_of_medians": out["median_us_per_step"][side] / out["median_us_per_step"]["hand"],
+            "overhead_us_per_step": out["median_us_per_step"][side] - out["median_us_per_step"]["hand"],
+            "median_paired_ratio": statistics.median(t / h for t, h in pairs),
+            "median_paired_overhead_us_per_step": statistics.median(t - h for t, h in pairs),
+        }
+    return out
 
 
 def run_workload(name: str, steps: int, rounds: int, with_progress: bool) -> dict[str, Any]:
@@ -140,59 +163,59 @@ def run_workload(name: str, steps: int, rounds: int, with_progress: bool) -> dic
     torch.manual_seed(SEED)
     initial = spec["model"]()
     batches = spec["batches"](steps)
-    # Warm-up (not recorded): first calls allocate, import and fill caches; also checks both sides agree.
+    # Warm-up (not recorded): the first runs allocate and fill caches. It also checks that both
+    # sides do the same computation: they must end with bit-identical weights.
     _, hand_model = timed(hand_loop, initial, batches[:50])
     _, trainer_model = timed(trainer_loop, initial, batches[:50])
     if not same_weights(hand_model, trainer_model):
         raise SystemExit(f"{name}: the hand loop and the Trainer ended with different weights; fix the benchmark.")
-    sides: dict[str, list[float]] = {"hand": [], "trainer": []}
-    if with_progress:
-        sides["trainer_raw_progress"] = []
+    sides = [s for s in SIDES if with_progress or s != "trainer_raw_progress"]
+    wall: dict[str, list[float]] = {s: [] for s in sides}
+    cpu: dict[str, list[float]] = {s: [] for s in sides}
     for r in range(rounds):
-        # Alternate which side goes first so drift (thermal, background load) does not favour one.
-        order = list(sides) if r % 2 == 0 else list(reversed(sides))
-        for side in order:
-            if side == "hand":
-                seconds, _ = timed(hand_loop, initial, batches)
-            elif side == "trainer":
-                seconds, _ = timed(trainer_loop, initial, batches)
-            else:
-                seconds, _ = timed(trainer_loop, initial, batches, progress_bar="raw")
-            sides[side].append(seconds / steps * 1e6)
-    medians = {side: statistics.median(us) for side, us in sides.items()}
-    result: dict[str, Any] = {
+        # Interleaved rounds; the order flips every round so drift does not favour one side.
+        for side in sides if r % 2 == 0 else reversed(sides):
+            (w, c), _ = timed(SIDES[side]["fn"], initial, batches, **SIDES[side]["kwargs"])
+            wall[side].append(w / steps * 1e6)
+            cpu[side].append(c / steps * 1e6)
+    return {
         "workload": name,
         "describe": spec["describe"],
         "steps": steps,
         "rounds": rounds,
-        "us_per_step": medians,
-        "all_us_per_step": sides,
-        "ratio": medians["trainer"] / medians["hand"],
-        "overhead_us_per_step": medians["trainer"] - medians["hand"],
+        "wall": summarise(wall),
+        "cpu": summarise(cpu),
+        "wall_us_per_step_per_round": wall,
+        "cpu_us_per_step_per_round": cpu,
     }
-    if with_progress:
-        result["ratio_raw_progress"] = medians["trainer_raw_progress"] / medians["hand"]
-        result["overhead_raw_progress_us_per_step"] = medians["trainer_raw_progress"] - medians["hand"]
-    return result
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"{'workload':<28} {'hand µs/step':>12} {'trainer µs/step':>15} {'ratio':>7} {'overhead µs/step':>17}")
+    header = (f"{'workload':<28} {'clock':<5} {'hand':>8} {'trainer':>8} {'ratio':>6} {'overhead':>8}"
+              f" {'| +raw bar':>10} {'ratio':>6} {'overhead':>8}")
+    print(header)
+    print(f"{'':<28} {'':<5} {'µs/step':>8} {'µs/step':>8} {'':>6} {'µs/step':>8} {'| µs/step':>10}"
+          f" {'':>6} {'µs/step':>8}")
     for res in results:
-        us = res["us_per_step"]
-        label = f"{res['workload']} {res['describe']}"
-        print(f"{label:<28} {us['hand']:>12.1f} {us['trainer']:>15.1f} {res['ratio']:>7.3f} "
-              f"{res['overhead_us_per_step']:>17.1f}")
-        if "trainer_raw_progress" in us:
-            label = "  + progress_bar='raw'"
-            print(f"{label:<28} {'':>12} {us['trainer_raw_progress']:>15.1f} {res['ratio_raw_progress']:>7.3f} "
-                  f"{res['overhead_raw_progress_us_per_step']:>17.1f}")
+        for clock in ("cpu", "wall"):
+            summary = res[clock]
+            med = summary["median_us_per_step"]
+            label = f"{res['workload']} {res['describe']}" if clock == "cpu" else ""
+            line = (f"{label:<28} {clock:<5} {med['hand']:>8.1f} {med['trainer']:>8.1f}"
+                    f" {summary['trainer']['ratio_of_medians']:>6.3f}"
+                    f" {summary['trainer']['overhead_us_per_step']:>8.1f}")
+            if "trainer_raw_progress" in med:
+                raw = summary["trainer_raw_progress"]
+                line += (f" {'| ' + format(med['trainer_raw_progress'], '.1f'):>10}"
+                         f" {raw['ratio_of_medians']:>6.3f} {raw['overhead_us_per_step']:>8.1f}")
+            print(line)
+    print("medians over the rounds; cpu = process CPU time (robust to other load), wall = elapsed time.")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000, help="batches per run (default 2000)")
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per side (default 7)")
+    parser.add_argument("--rounds", type=int, default=9, help="timed rounds per side (default 9)")
     parser.add_argument("--workload", choices=["W1", "W2", "all"], default="all")
     parser.add_argument("--no-progress", action="store_true", help="skip the progress_bar='raw' runs")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' = stdout)")

@@ -1,0 +1,169 @@
+"""The documentation runs: every ```python block in docs/**/*.md is executed.
+
+The blocks of one page run in order in one shared namespace (one test per page),
+inside a fresh temporary working directory, so a page reads like a session a user
+could type. Blocks fenced with any other info string (``python no-run``, ``console``,
+``toml``, ...) are shown but not run. A failing block is reported with its page,
+its line number and its code.
+
+Two more tests keep the docs complete: every public name of ``drivetrain`` appears in
+the docs, and every event appears on the callbacks page.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import re
+import sys
+import traceback
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+CALLBACKS_PAGE = DOCS / "user-guide" / "callbacks.md"
+
+_FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+
+
+@dataclass
+class Block:
+    info: str
+    line: int  # 1-based line number of the block's first code line
+    code: str
+
+
+def code_blocks(text: str) -> list[Block]:
+    """Every fenced code block of a Markdown text, with its info string and first line number."""
+    blocks: list[Block] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        match = _FENCE.match(lines[i])
+        if match is None or (match["fence"][0] == "`" and "`" in match["info"]):
+            i += 1
+            continue
+        fence, info, indent = match["fence"], match["info"].strip(), len(match["indent"])
+        body: list[str] = []
+        j = i + 1
+        while j < len(lines):
+            closing = lines[j].strip()
+            if closing.startswith(fence[0] * len(fence)) and set(closing) == {fence[0]}:
+                break
+            line = lines[j]
+            # Content of an indented fence loses up to that much indentation (CommonMark).
+            body.append(line[min(indent, len(line) - len(line.lstrip(" "))):])
+            j += 1
+        blocks.append(Block(info=info, line=i + 2, code="\n".join(body) + "\n"))
+        i = j + 1
+    return blocks
+
+
+def doc_pages() -> list[Path]:
+    return sorted(DOCS.rglob("*.md"))
+
+
+def _page_id(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _single_threaded() -> None:
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch.set_num_threads(1)
+
+
+@pytest.fixture
+def clean_globals():
+    """Undo what a page may leave in process-wide state: plugins registered in code, Trainer.on handlers."""
+    from drivetrain import Trainer
+    from drivetrain._plugins import reset_registry
+
+    saved = copy.copy(dict(Trainer._registered_fns))
+    saved = {marker: list(fns) for marker, fns in saved.items()}
+    yield
+    Trainer._registered_fns.clear()
+    Trainer._registered_fns.update(saved)
+    reset_registry()
+
+
+@pytest.mark.parametrize("page", doc_pages(), ids=_page_id)
+def test_page_examples_run(page: Path, tmp_path, monkeypatch, clean_globals) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(tmp_path)
+    _single_threaded()
+    blocks = [b for b in code_blocks(page.read_text(encoding="utf-8")) if b.info == "python"]
+    if not blocks:
+        pytest.skip(f"{_page_id(page)} has no ```python blocks")
+    module_name = "docs_example_" + re.sub(r"\W", "_", _page_id(page))
+    module = types.ModuleType(module_name)
+    module.__file__ = str(page)
+    sys.modules[module_name] = module  # classes defined on the page get a real module (dataclasses, pickle)
+    try:
+        for block in blocks:
+            # Pad with blank lines so tracebacks point at the page's own line numbers.
+            code = compile("\n" * (block.line - 1) + block.code, str(page), "exec")
+            try:
+                exec(code, module.__dict__)
+            except BaseException as exc:  # noqa: BLE001 - report any failure with its block
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                numbered = "\n".join(
+                    f"{block.line + k:5d} | {line}" for k, line in enumerate(block.code.rstrip("\n").split("\n"))
+                )
+                details = "".join(traceback.format_exception(exc))
+                pytest.fail(
+                    f"{_page_id(page)}: the python block at line {block.line} failed:\n\n{numbered}\n\n{details}",
+                    pytrace=False,
+                )
+    finally:
+        sys.modules.pop(module_name, None)
+
+
+def _all_code_text() -> str:
+    """Code of every page: fenced blocks of any kind and inline `code` spans."""
+    parts = []
+    for page in doc_pages():
+        text = page.read_text(encoding="utf-8")
+        parts += [b.code for b in code_blocks(text)]
+        parts += re.findall(r"`([^`\n]+)`", text)
+    return "\n".join(parts)
+
+
+def test_every_public_name_is_documented() -> None:
+    import drivetrain
+
+    code = _all_code_text()
+    missing = [name for name in drivetrain.__all__
+               if name != "__version__" and not re.search(rf"(?<![\w.]){re.escape(name)}\b", code)]
+    assert not missing, f"public names that no page of docs/ shows in code: {missing}"
+
+
+def test_every_event_is_on_the_callbacks_page() -> None:
+    from drivetrain._events import EVENT_ARGS
+
+    text = CALLBACKS_PAGE.read_text(encoding="utf-8")
+    missing = [name for name in EVENT_ARGS if not re.search(rf"\b{name}\b", text)]
+    assert not missing, f"{CALLBACKS_PAGE.relative_to(ROOT)} does not mention the event(s) {missing}"
+
+
+def test_index_links_to_every_page() -> None:
+    index = DOCS / "index.md"
+    targets = {(index.parent / link).resolve() for link in re.findall(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)",
+                                                                      index.read_text(encoding="utf-8"))}
+    unlinked = [_page_id(p) for p in doc_pages() if p != index and p.resolve() not in targets]
+    assert not unlinked, f"docs/index.md does not link to {unlinked}"
+
+
+def test_code_block_parser() -> None:
+    text = "intro\n```python\na = 1\n```\n\n```python no-run\nb = 2\n```\n~~~~python\nc = '```'\n~~~~\n"
+    blocks = code_blocks(text)
+    assert [(b.info, b.line, b.code) for b in blocks] == [
+        ("python", 3, "a = 1\n"), ("python no-run", 7, "b = 2\n"), ("python", 10, "c = '```'\n")]
+    assert os.path.basename(__file__) == "test_examples.py"
