@@ -4,10 +4,8 @@ Importing this package imports no deep-learning framework; a framework is import
 only when its driver is chosen (``Trainer(..., driver="torch")``).
 """
 
-from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
-from importlib.metadata import version as _version
-
 from ._callbacks import Callback, CallbackError
+from ._checkpoint import CheckpointError, StateEncodingError
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import (
     BatchMismatchError,
@@ -23,12 +21,11 @@ from ._events import Event
 from ._metrics import Accuracy, ClassifyFPreRecMetric, Metric
 from ._plugins import DriverSpec, available_drivers, hookimpl, register_plugin
 from ._progress import RawTextProgress, RichProgress, TqdmProgress
+from ._sampler import ReproducibleBatchSampler
+from ._seed import seed_everything
 from ._trainer import Trainer
 
-try:
-    __version__ = _version("drivetrain")
-except _PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+unknown"
+from ._version import __version__
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -36,6 +33,7 @@ __all__ = [
     "BatchMismatchError",
     "Callback",
     "CallbackError",
+    "CheckpointError",
     "Capabilities",
     "ClassifyFPreRecMetric",
     "ConfigurationError",
@@ -50,11 +48,14 @@ __all__ = [
     "Metric",
     "PluginLoadError",
     "RawTextProgress",
+    "ReproducibleBatchSampler",
     "RichProgress",
+    "StateEncodingError",
     "TqdmProgress",
     "Trainer",
     "__version__",
     "available_drivers",
     "hookimpl",
     "register_plugin",
+    "seed_everything",
 ]

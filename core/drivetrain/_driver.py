@@ -67,7 +67,8 @@ class Driver(abc.ABC):
                 f"precision={precision!r} is not supported by driver {self.name!r}; "
                 f"accepted: {', '.join(self.capabilities.precisions)}."
             )
-        if grad_clip is not None and (not isinstance(grad_clip, (int, float)) or grad_clip <= 0):
+        if grad_clip is not None and (isinstance(grad_clip, bool) or not isinstance(grad_clip, (int, float))
+                                      or grad_clip <= 0):
             raise DriverError(f"grad_clip={grad_clip!r} must be a positive number or None.")
         if grad_clip_type not in ("norm", "value"):
             raise DriverError(f"grad_clip_type={grad_clip_type!r} is not accepted; use 'norm' or 'value'.")
@@ -221,11 +222,11 @@ class Driver(abc.ABC):
         return dataloader
 
     def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:
-        """Tell the dataloader's sampler which epoch starts (shuffling differs per epoch)."""
-        sampler = getattr(dataloader, "sampler", None)
-        set_epoch = getattr(sampler, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
+        """Tell the dataloader's samplers which epoch starts (shuffling differs per epoch)."""
+        for attr in ("sampler", "batch_sampler"):
+            set_epoch = getattr(getattr(dataloader, attr, None), "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
 
     # ---------------------------------------------------------------- collectives
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
@@ -250,16 +251,80 @@ class Driver(abc.ABC):
         """Load a dict produced by :meth:`model_state` or :meth:`load_tensors`; names must match."""
 
     @abc.abstractmethod
-    def save_tensors(self, tensors: Mapping[str, Any], path: str) -> None:
-        """Write a flat dict of framework tensors to ``path`` without pickle (safetensors)."""
+    def tensors_to_bytes(self, tensors: Mapping[str, Any]) -> bytes:
+        """Serialise a flat dict of framework tensors without pickle (safetensors bytes).
+
+        Bytes rather than a path so the core can hash while it writes and verify
+        before it parses; bf16 and every other dtype must round-trip bit-exactly.
+        """
 
     @abc.abstractmethod
+    def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
+        """Parse what :meth:`tensors_to_bytes` produced (tensors on CPU); never executes code."""
+
+    def save_tensors(self, tensors: Mapping[str, Any], path: str) -> None:
+        """Write :meth:`tensors_to_bytes` to ``path``."""
+        data = self.tensors_to_bytes(tensors)
+        with open(path, "wb") as f:
+            f.write(data)
+
     def load_tensors(self, path: str) -> dict[str, Any]:
-        """Read a file written by :meth:`save_tensors`; never executes code from the file."""
+        """Read a file written by :meth:`save_tensors`."""
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            return self.tensors_from_bytes(data)
+        except Exception as exc:
+            raise DriverError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc}).") from exc
 
     @abc.abstractmethod
     def seed(self, seed: int) -> None:
         """Seed the framework's random generators."""
+
+    # ------------------------------------------------- training state (checkpoints)
+    # Nested structures below may hold framework tensors anywhere (``is_tensor`` finds
+    # them); the core stores those tensors with ``save_tensors`` and the rest as JSON.
+    def optimizer_states(self) -> list[Any]:
+        """One nested state per optimizer, in order; names must survive rebuilding the model."""
+        return [opt.state_dict() for opt in self.optimizers]
+
+    def load_optimizer_states(self, states: list[Any]) -> None:
+        if len(states) != len(self.optimizers):
+            raise DriverError(
+                f"the checkpoint holds {len(states)} optimizer state(s) but the trainer has {len(self.optimizers)} "
+                "optimizer(s); pass the same optimizers as the run that saved it."
+            )
+        for opt, state in zip(self.optimizers, states, strict=True):
+            opt.load_state_dict(state)
+
+    @abc.abstractmethod
+    def gradient_state(self) -> dict[str, Any]:
+        """Accumulated gradients by parameter name (only those that exist), so a checkpoint taken
+        inside an accumulation cycle resumes exactly."""
+
+    @abc.abstractmethod
+    def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
+        """Set the gradients saved by :meth:`gradient_state`; parameters absent from ``grads`` get none."""
+
+    def precision_state(self) -> Any:
+        """State of the mixed-precision machinery (e.g. the grad scaler), or None."""
+        return None
+
+    def load_precision_state(self, state: Any) -> None:
+        """Restore what :meth:`precision_state` returned."""
+
+    @abc.abstractmethod
+    def rng_state(self) -> dict[str, Any]:
+        """The framework's random generator states (CPU and every device); python's and numpy's
+        global generators are captured by the core."""
+
+    @abc.abstractmethod
+    def load_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`rng_state` returned."""
+
+    def framework_version(self) -> str:
+        """Version of the framework, recorded in checkpoint manifests."""
+        return "unknown"
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:

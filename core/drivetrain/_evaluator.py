@@ -23,6 +23,7 @@ from ._options import (
     split_backend_kwargs,
 )
 from ._param_matching import as_dict, make_mapping_fn
+from ._seed import capture_host_rng, restore_host_rng
 
 
 def _normalise_dataloaders(dataloaders: Any, argument: str) -> dict[str, Any]:
@@ -169,6 +170,9 @@ class Evaluator:
         driver = self.driver
         driver.set_model_mode("eval")
         results: dict[str, float] = {}
+        # Evaluating must not shift the random streams training draws from (shuffling, dropout),
+        # or a resumed run that skips an evaluation would diverge from an uninterrupted one.
+        host_rng, framework_rng = capture_host_rng(), driver.rng_state()
         with driver.no_grad():
             for dl_name, dataloader in self.dataloaders.items():
                 for metric in self.metrics.values():
@@ -183,6 +187,8 @@ class Evaluator:
                         full = f"{key}#{metric_name}" + (f"#{dl_name}" if dl_name else "")
                         results[full] = value
                     metric.reset()
+        restore_host_rng(host_rng)
+        driver.load_rng_state(framework_rng)
         if self._owns_driver and self.verbose and driver.is_global_zero:
             print(_format_results(results), flush=True)
         return results

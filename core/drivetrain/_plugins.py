@@ -62,6 +62,9 @@ class DriverSpec:
     distribution: str | None = None
     install: str | None = None
     detect: Callable[[type], bool] | None = None
+    seed_function: str | None = None
+    """``"module:function"`` seeding the framework's generators, called by ``seed_everything``
+    only when the framework is already imported."""
 
     def claims(self, model: Any) -> bool:
         cls = model if isinstance(model, type) else type(model)

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from ._callbacks import Callback, CallbackManager, normalise_callbacks
+from ._checkpoint.folder import CheckpointError, read_checkpoint, resolve_resume_folder, write_checkpoint
+from ._checkpoint.training import (
+    Position,
+    build_checkpoint,
+    check_model_fits,
+    decode_checkpoint,
+    restore_host_and_framework_rng,
+)
 from ._dataloaders import OverfitLoader, TruncatedLoader, loader_length
 from ._driver import Driver
 from ._errors import BatchMismatchError, ConfigurationError, EarlyStopException
@@ -31,12 +40,13 @@ from ._options import (
 )
 from ._param_matching import as_dict, make_mapping_fn
 from ._progress import choose_progress
+from ._sampler import find_reproducible_sampler
 
 MODEL_FILENAME = "model.safetensors"
 
 _TRAINER_OPTIONS = frozenset({
     "train_input_mapping", "train_output_mapping", "evaluate_input_mapping", "evaluate_output_mapping",
-    "check_dataloader_legality",
+    "check_dataloader_legality", "reproducible_sampler",
 })
 
 
@@ -156,7 +166,9 @@ class Trainer:
         # -- 3. data, evaluation and callbacks
         self.train_dataloader = train_dataloader
         self.dataloader = self.driver.set_dist_repro_dataloader(
-            train_dataloader, dist=self.driver.is_distributed(), reproducible=False)
+            train_dataloader, dist=self.driver.is_distributed(),
+            reproducible=bool(kwargs.get("reproducible_sampler", True)))
+        self._sampler = find_reproducible_sampler(self.dataloader)
         self.overfit_batches = overfit_batches
         if overfit_batches != 0:
             self.dataloader = OverfitLoader(self.dataloader, overfit_batches)
@@ -197,6 +209,8 @@ class Trainer:
         self._epoch_length: int | None = None
         self._null = contextlib.nullcontext()
         self._has_run = False
+        self._in_epoch = False
+        self._resume_batches = 0  # batches of the current epoch a resumed run starts after
         self.fire("on_after_trainer_initialized", self.driver)
 
     # ------------------------------------------------------------------ callbacks
@@ -242,6 +256,8 @@ class Trainer:
         num_train_batch_per_epoch: int = -1,
         num_eval_batch_per_dl: int = -1,
         num_eval_sanity_batch: int = 2,
+        resume_from: str | os.PathLike | None = None,
+        resume_training: bool = True,
         catch_KeyboardInterrupt: bool | None = None,  # noqa: N803 - fastNLP's public name
     ) -> None:
         """Train until ``n_epochs`` (or ``n_batches``) is reached, evaluating as scheduled.
@@ -250,7 +266,8 @@ class Trainer:
         evaluations for a smoke run (-1 = full); ``num_eval_sanity_batch`` batches are
         evaluated before training to catch evaluation bugs early (0 = skip).
         ``catch_KeyboardInterrupt`` (default: True for a single process) ends training
-        quietly on Ctrl-C instead of raising.
+        quietly on Ctrl-C instead of raising. ``resume_from`` is a checkpoint folder, or a
+        folder of checkpoints (the newest complete one is taken); see :meth:`load_checkpoint`.
         """
         check_int(num_train_batch_per_epoch, "num_train_batch_per_epoch", minimum=1, allowed=(-1,))
         check_int(num_eval_batch_per_dl, "num_eval_batch_per_dl", minimum=1, allowed=(-1,))
@@ -265,6 +282,9 @@ class Trainer:
             self.dataloader = TruncatedLoader(self.dataloader, num_train_batch_per_epoch)
         self.num_batches_per_epoch = loader_length(self.dataloader)
         self._plan_length()
+        self.driver.zero_grad()  # before a resume, which may bring back gradients of a cycle in progress
+        if resume_from is not None:
+            self.load_checkpoint(resolve_resume_folder(resume_from), resume_training=resume_training)
         try:
             if self.evaluator is not None and num_eval_sanity_batch > 0:
                 self.fire("on_sanity_check_begin")
@@ -272,7 +292,6 @@ class Trainer:
                 self.fire("on_sanity_check_end", results)
             self.fire("on_train_begin")
             self.driver.barrier()
-            self.driver.zero_grad()
             while (self.n_epochs is None or self.cur_epoch_idx < self.n_epochs) and not self._reached_n_batches():
                 self._run_epoch()
                 self.cur_epoch_idx += 1
@@ -316,13 +335,15 @@ class Trainer:
         handlers = self._handlers
         fire = self.fire
         driver.set_model_mode("train")
-        self.batch_idx_in_epoch = 0
+        start, self._resume_batches = self._resume_batches, 0
+        self.batch_idx_in_epoch = start
         per_epoch = self.num_batches_per_epoch
-        remaining = None if self.n_batches is None else self.n_batches - self.global_forward_batches
+        remaining = None if self.n_batches is None else start + self.n_batches - self.global_forward_batches
         self._epoch_length = per_epoch if remaining is None else (
             remaining if per_epoch is None else min(per_epoch, remaining))
         fire("on_train_epoch_begin")
         driver.set_sampler_epoch(self.dataloader, self.cur_epoch_idx)
+        skip = self._position_sampler(start)
         evaluator = self.evaluator
         every = self.evaluate_every if evaluator is not None else None
         every_batches = every if isinstance(every, int) and every > 0 else 0
@@ -330,6 +351,9 @@ class Trainer:
         batch_step_fn = self.batch_step_fn
         stop_at = self._epoch_length
         iterator = iter(self.dataloader)
+        for _ in range(skip):  # only for dataloaders without a reproducible sampler
+            next(iterator, None)
+        self._in_epoch = True
         while True:
             if handlers["on_fetch_data_begin"]:
                 fire("on_fetch_data_begin")
@@ -352,12 +376,28 @@ class Trainer:
                 self._evaluate()
             if stop_at is not None and self.batch_idx_in_epoch >= stop_at:
                 break
+        self._in_epoch = False
         if self.accumulation_steps > 1 and self._epoch_length is None and self.batch_idx_in_epoch % self.accumulation_steps:
             # An epoch of unknown length ended mid-cycle: apply what was accumulated.
             self._force_step = True
             self.step()
             self.zero_grad()
             self._force_step = False
+
+    def _position_sampler(self, start: int) -> int:
+        """Start the epoch after ``start`` batches; return how many batches to skip by reading them."""
+        if start == 0:
+            return 0
+        if self._sampler is not None:
+            self._sampler.resume(self.cur_epoch_idx, self._sampler.consumed_samples(start))
+            return 0
+        warnings.warn(
+            f"resuming mid-epoch without a reproducible sampler: the first {start} batches of epoch "
+            f"{self.cur_epoch_idx} are read and dropped, and their order is only the same if the dataloader "
+            "does not shuffle. Use a dataloader whose sampler the driver can replace for exact resume.",
+            RuntimeWarning, stacklevel=3,
+        )
+        return start
 
     # ------------------------------------------------- the parts of a batch step
     _force_step = False
@@ -446,6 +486,68 @@ class Trainer:
         if monitor is None:
             raise ConfigurationError("no monitor is set; pass monitor= to the Trainer or the callback.")
         return find_monitor_value(results, monitor)
+
+    # ---------------------------------------------------------------- checkpoints
+    def _position(self) -> Position:
+        batches = self.batch_idx_in_epoch if self._in_epoch else 0
+        consumed = self._sampler.consumed_samples(batches) if self._sampler is not None else None
+        return Position(self.cur_epoch_idx, batches, self.global_forward_batches, consumed)
+
+    def save_checkpoint(self, folder: str | os.PathLike, *, allow_pickle: bool = False) -> str:
+        """Write everything needed to resume exactly into the folder ``folder`` (atomically).
+
+        The folder holds the model, optimizer, gradient, precision and RNG states, the
+        loop position, the sampler and callback states, and a manifest with a sha256
+        per file. Nothing is pickled unless ``allow_pickle=True`` (then only callback
+        states that are not plain data). Returns the folder's absolute path.
+        """
+        folder = os.fspath(folder)
+        self.fire("on_save_checkpoint")
+        states = self.callback_manager.states(self)
+        path = os.path.abspath(folder)
+        if self.driver.is_global_zero:
+            position = self._position()
+            files, manifest = build_checkpoint(
+                self.driver, position, callback_states=states,
+                sampler_state=None if self._sampler is None else self._sampler.state_dict(),
+                save_gradients=True, allow_pickle=allow_pickle,
+                extra={"n_epochs": self.n_epochs, "n_batches": self.n_batches,
+                       "accumulation_steps": self.accumulation_steps, "world_size": self.driver.world_size},
+            )
+            write_checkpoint(path, files, manifest)
+        self.driver.barrier()
+        return path
+
+    def load_checkpoint(self, folder: str | os.PathLike, *, resume_training: bool = True,
+                        allow_pickle: bool = False) -> None:
+        """Load a checkpoint written by :meth:`save_checkpoint`, verifying every file first.
+
+        With ``resume_training=False`` only the model and optimizer states are loaded and
+        the loop starts from the beginning. Everything is read, checked and parsed before
+        anything is applied, so a damaged checkpoint changes nothing.
+        """
+        loaded = read_checkpoint(os.fspath(folder))
+        decoded = decode_checkpoint(loaded, self.driver, allow_pickle)
+        state = decoded.state
+        if loaded.manifest.get("kind") != "trainer":
+            raise CheckpointError(f"{loaded.folder} holds only a model; use load_model() for it.")
+        check_model_fits(self.driver, decoded.model, loaded.folder)
+        self.driver.load_model_state(decoded.model)
+        self.driver.load_optimizer_states(state["optimizers"])
+        if not resume_training:
+            self.fire("on_load_checkpoint", state["callbacks"])
+            return
+        self.driver.load_gradient_state(state["gradients"])
+        self.driver.load_precision_state(state["precision"])
+        self.callback_manager.load_states(self, {**state["callbacks"], **decoded.pickled})
+        position = state["position"]
+        self.cur_epoch_idx = int(position["epoch"])
+        self.global_forward_batches = int(position["global_forward_batches"])
+        self._resume_batches = int(position["batches_done"])
+        if self._sampler is not None and state["sampler"] is not None:
+            self._sampler.load_state_dict(state["sampler"])
+        self.fire("on_load_checkpoint", state["callbacks"])
+        restore_host_and_framework_rng(self.driver, state)
 
     # --------------------------------------------------------------- model files
     def save_model(self, folder: str | os.PathLike) -> str:

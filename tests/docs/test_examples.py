@@ -93,6 +93,7 @@ def clean_globals():
     reset_registry()
 
 
+@pytest.mark.filterwarnings("error", "ignore::DeprecationWarning", "ignore::PendingDeprecationWarning")
 @pytest.mark.parametrize("page", doc_pages(), ids=_page_id)
 def test_page_examples_run(page: Path, tmp_path, monkeypatch, clean_globals) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

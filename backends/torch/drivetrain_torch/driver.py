@@ -18,7 +18,9 @@ import torch
 from drivetrain._driver import Driver
 from drivetrain._errors import DriverError
 
+from . import _rng
 from . import state as _state
+from ._dataloader import reproducible_dataloader, reseed_for_epoch
 from ._device import move_to_device, resolve_device
 from .plugin import CAPABILITIES
 from .precision import Precision
@@ -284,6 +286,20 @@ class TorchSingleDriver(Driver):
             )
         super().check_dataloader_legality(dataloader, argument)
 
+    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: bool, reproducible: bool) -> Any:
+        """A DataLoader that resumes sample-exactly when ``reproducible`` (see :mod:`._dataloader`).
+
+        Distributed sharding belongs to the distributed driver; this single-process
+        driver returns ``dataloader`` unchanged when ``dist`` is set.
+        """
+        if dist or not reproducible:
+            return dataloader
+        return reproducible_dataloader(dataloader)
+
+    def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:
+        super().set_sampler_epoch(dataloader, epoch)
+        reseed_for_epoch(dataloader, epoch)
+
     # ---------------------------------------------------------------------- state
     def model_state(self) -> dict[str, Any]:
         return _state.model_state(self.unwrap_model())
@@ -291,16 +307,38 @@ class TorchSingleDriver(Driver):
     def load_model_state(self, state: Mapping[str, Any]) -> None:
         _state.load_model_state(self.unwrap_model(), state)
 
-    def save_tensors(self, tensors: Mapping[str, Any], path: str) -> None:
-        _state.save_tensors(tensors, path)
+    def tensors_to_bytes(self, tensors: Mapping[str, Any]) -> bytes:
+        return _state.tensors_to_bytes(tensors)
 
-    def load_tensors(self, path: str) -> dict[str, Any]:
-        return _state.load_tensors(path)
+    def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
+        return _state.tensors_from_bytes(data)
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)  # seeds every CUDA device too (lazily if CUDA is not initialised yet)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(seed)
+
+    # ------------------------------------------------- training state (checkpoints)
+    def gradient_state(self) -> dict[str, Any]:
+        return _state.gradient_state(self.unwrap_model())
+
+    def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
+        _state.load_gradient_state(self.unwrap_model(), grads)
+
+    def precision_state(self) -> Any:
+        return self._precision.state()
+
+    def load_precision_state(self, state: Any) -> None:
+        self._precision.load_state(state)
+
+    def rng_state(self) -> dict[str, Any]:
+        return _rng.rng_state()
+
+    def load_rng_state(self, state: Mapping[str, Any]) -> None:
+        _rng.load_rng_state(state)
+
+    def framework_version(self) -> str:
+        return str(torch.__version__)
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:

@@ -64,6 +64,39 @@ class Precision:
             return self._null
         return self._make_autocast()
 
+    def state(self) -> dict[str, Any] | None:
+        """The GradScaler's state (scale, growth tracker: plain numbers) under fp16, else None."""
+        return None if self.scaler is None else dict(self.scaler.state_dict())
+
+    def load_state(self, state: Any) -> None:
+        """Restore :meth:`state`, so the resumed run scales (and skips overflowing steps) exactly as before."""
+        if state is None:
+            if self.scaler is not None and self.scaler.is_enabled():
+                warnings.warn(
+                    "the checkpoint has no grad scaler state (it was not saved with precision='fp16'); "
+                    "this run starts a fresh GradScaler, so its first steps may differ from a continued run.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return
+        if not isinstance(state, Mapping):
+            raise DriverError(
+                f"load_precision_state(state={type(state).__name__}) needs the dict returned by precision_state()."
+            )
+        if self.scaler is None:
+            if state:
+                warnings.warn(
+                    f"the checkpoint holds a grad scaler state (saved with precision='fp16') but this run uses "
+                    f"precision={self.precision!r}, which needs no scaler; the state is ignored.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return
+        try:
+            self.scaler.load_state_dict(dict(state))
+        except (RuntimeError, KeyError) as exc:
+            raise DriverError(f"load_precision_state: not a GradScaler state ({type(exc).__name__}: {exc}).") from exc
+
 
 def _make_scaler(device_type: str, kwargs: dict[str, Any]) -> Any:
     unknown = sorted(set(kwargs) - set(SCALER_KWARGS))

@@ -2,7 +2,7 @@
 
 Tensors go to disk through ``safetensors.torch``: the format holds raw bytes and
 a JSON header, so loading a file can never run code from it. safetensors refuses
-tensors that share memory (tied weights) and non-contiguous ones; :func:`save_tensors`
+tensors that share memory (tied weights) and non-contiguous ones; :func:`tensors_to_bytes`
 stores such tensors as independent contiguous copies, and loading them back into
 the model re-ties nothing that was not tied, since ``load_state_dict`` copies into
 the existing parameters.
@@ -10,7 +10,6 @@ the existing parameters.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,11 +79,11 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
     return (str(tensor.device), tensor.untyped_storage().data_ptr())
 
 
-def save_tensors(tensors: Mapping[str, Any], path: str | os.PathLike) -> None:
-    """Write a flat ``{name: tensor}`` dict to ``path`` as a safetensors file (CPU, contiguous, no pickle).
+def _prepare(tensors: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors that own their memory, as safetensors requires.
 
-    Tensors that share memory with an earlier one (tied weights, views) are written
-    as copies: safetensors cannot express aliasing, and a copy loads back correctly.
+    Tensors that share memory with an earlier one (tied weights, views) become
+    copies: safetensors cannot express aliasing, and a copy loads back correctly.
     """
     if not isinstance(tensors, Mapping):
         raise DriverError(f"save_tensors(tensors={type(tensors).__name__}) needs a dict of name -> tensor.")
@@ -102,6 +101,11 @@ def save_tensors(tensors: Mapping[str, Any], path: str | os.PathLike) -> None:
                 f"save_tensors: {name!r} is a {type(tensor).__name__}, not a torch tensor; put only tensors "
                 "in a tensor file (other values belong in the checkpoint's JSON manifest)."
             )
+        if tensor.layout != torch.strided:
+            raise DriverError(
+                f"save_tensors: {name!r} has layout {tensor.layout}; safetensors stores dense tensors only, "
+                "convert it with .to_dense() first."
+            )
         tensor = tensor.detach()
         key = _storage_key(tensor)
         shared = key is not None and key in seen
@@ -114,21 +118,64 @@ def save_tensors(tensors: Mapping[str, Any], path: str | os.PathLike) -> None:
         if not tensor.is_contiguous():
             tensor = tensor.contiguous()
         prepared[name] = tensor
+    return prepared
+
+
+def tensors_to_bytes(tensors: Mapping[str, Any]) -> bytes:
+    """A flat ``{name: tensor}`` dict as safetensors bytes (CPU, contiguous, no pickle; bit-exact dtypes)."""
+    prepared = _prepare(tensors)
     try:
-        safetensors.torch.save_file(prepared, os.fspath(path))
+        return safetensors.torch.save(prepared)
     except ValueError as exc:  # safetensors' own checks; should not trigger after the preparation above
-        raise DriverError(f"save_tensors could not write {os.fspath(path)!r}: {exc}") from exc
+        raise DriverError(f"save_tensors could not serialise the tensors: {exc}") from exc
 
 
-def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Read a safetensors file written by :func:`save_tensors` onto the CPU; never unpickles."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise DriverError(f"load_tensors: no file at {path!r}.")
-    try:
-        return safetensors.torch.load_file(path, device="cpu")
-    except Exception as exc:  # safetensors raises its own SafetensorError for damaged headers
+def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    """Parse safetensors bytes into CPU tensors; the format is raw bytes plus JSON, so nothing is unpickled."""
+    return safetensors.torch.load(bytes(data))
+
+
+def gradient_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the existing gradients by parameter name (CPU so a checkpoint costs no GPU memory)."""
+    grads: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        grad = param.grad
+        if grad is None:
+            continue
+        grad = grad.detach()
+        if grad.layout != torch.strided:
+            grad = grad.to_dense()  # safetensors has no sparse layout; loads back as a dense gradient
+        grads[name] = grad.to("cpu", copy=True)
+    return grads
+
+
+def load_gradient_state(model: torch.nn.Module, grads: Mapping[str, Any]) -> None:
+    """Give each named parameter its saved gradient (on the parameter's device and dtype), the others None."""
+    if not isinstance(grads, Mapping):
         raise DriverError(
-            f"load_tensors: {path!r} is not a readable safetensors file ({type(exc).__name__}: {exc}); "
-            "it may be truncated or damaged."
-        ) from exc
+            f"load_gradient_state(grads={type(grads).__name__}) needs a dict of parameter name -> tensor, "
+            "as returned by gradient_state()."
+        )
+    params = dict(model.named_parameters())
+    unknown = [name for name in grads if name not in params]
+    if unknown:
+        raise DriverError(
+            f"load_gradient_state: the model {type(model).__name__} has no parameter(s) {_listed(unknown)}; "
+            "the gradients were saved from a different model."
+        )
+    prepared = {name: _gradient_for(params[name], name, value) for name, value in grads.items()}
+    for name, param in params.items():
+        param.grad = prepared.get(name)
+
+
+def _gradient_for(param: torch.nn.Parameter, name: str, value: Any) -> torch.Tensor:
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if not isinstance(value, torch.Tensor):
+        raise DriverError(f"load_gradient_state: grads[{name!r}] is a {type(value).__name__}, not a tensor.")
+    if value.shape != param.shape:
+        raise DriverError(
+            f"load_gradient_state: grads[{name!r}] has shape {tuple(value.shape)} but the parameter has shape "
+            f"{tuple(param.shape)}; the gradients were saved from a differently sized model."
+        )
+    return value.detach().to(device=param.device, dtype=param.dtype, copy=True)

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import safetensors.numpy
 
-from drivetrain import Driver, DriverError
+from drivetrain import Driver, DriverError, ReproducibleBatchSampler
 
+from .data import ArrayLoader
 from .model import LinearModel, NumpyLoss
 from .optim import SGD
 
@@ -57,6 +58,14 @@ class NumpyDriver(Driver):
         for opt in self.optimizers:
             opt.zero_grad()
 
+    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: bool, reproducible: bool) -> Any:
+        """An ArrayLoader gets a ReproducibleBatchSampler with the same batch size, shuffle and drop_last."""
+        if not reproducible or not isinstance(dataloader, ArrayLoader) or dataloader.batch_sampler is not None:
+            return dataloader
+        sampler = ReproducibleBatchSampler(dataloader.n, dataloader.batch_size, shuffle=dataloader.shuffle,
+                                           drop_last=dataloader.drop_last, seed=dataloader.seed)
+        return ArrayLoader(dataloader.arrays, batch_size=dataloader.batch_size, batch_sampler=sampler)
+
     def move_data_to_device(self, batch: Any) -> Any:
         return batch
 
@@ -78,14 +87,30 @@ class NumpyDriver(Driver):
         for k, v in state.items():
             params[k][...] = v
 
-    def save_tensors(self, tensors: Mapping[str, Any], path: str) -> None:
-        safetensors.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path)
+    def tensors_to_bytes(self, tensors: Mapping[str, Any]) -> bytes:
+        return safetensors.numpy.save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
 
-    def load_tensors(self, path: str) -> dict[str, Any]:
-        return safetensors.numpy.load_file(path)
+    def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
+        return safetensors.numpy.load(data)
 
     def seed(self, seed: int) -> None:
         np.random.seed(seed)
+
+    def gradient_state(self) -> dict[str, Any]:
+        return {k: v.copy() for k, v in self.model.grads.items() if np.any(v)}
+
+    def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
+        for k, g in self.model.grads.items():
+            g[...] = grads[k] if k in grads else 0.0
+
+    def rng_state(self) -> dict[str, Any]:
+        return {}  # the model draws no random numbers; numpy's global RNG is the core's to capture
+
+    def load_rng_state(self, state: Mapping[str, Any]) -> None:
+        pass
+
+    def framework_version(self) -> str:
+        return np.__version__
 
 
 def create_driver(model: Any, device: Any, *, framework_kwargs: Mapping | None = None, **options: Any) -> NumpyDriver:

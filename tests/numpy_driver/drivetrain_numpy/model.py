@@ -40,7 +40,8 @@ class LinearModel:
     accumulate into ``self.grads`` when the loss's ``backward`` runs.
     """
 
-    def __init__(self, in_features: int, out_features: int, loss: str = "mse", seed: int = 0) -> None:
+    def __init__(self, in_features: int, out_features: int, loss: str = "mse", seed: int = 0,
+                 noise: float = 0.0) -> None:
         if loss not in ("mse", "ce"):
             raise ValueError(f"loss={loss!r}; use 'mse' or 'ce'")
         rng = np.random.default_rng(seed)
@@ -50,6 +51,7 @@ class LinearModel:
         }
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.loss_kind = loss
+        self.noise = noise  # input noise drawn from numpy's global RNG in training, like dropout
         self.training = True
 
     def parameters(self) -> dict[str, np.ndarray]:
@@ -57,6 +59,8 @@ class LinearModel:
 
     def forward(self, x: np.ndarray, target: np.ndarray) -> dict:
         x = np.asarray(x, dtype=np.float32)
+        if self.noise and self.training:
+            x = x + np.random.standard_normal(x.shape).astype(np.float32) * self.noise
         pred = x @ self.params["weight"] + self.params["bias"]
         n = x.shape[0]
         if self.loss_kind == "mse":

@@ -1,0 +1,100 @@
+"""Reproducible torch DataLoaders: the default sampling swapped for a resumable batch sampler.
+
+A resumed run must see the same samples in the same order as the uninterrupted
+run, starting right after the last one it consumed. Only the *default* sampling
+(a plain ``BatchSampler`` over a ``RandomSampler`` or ``SequentialSampler`` of
+the whole dataset) is replaced, by a :class:`ReproducibleBatchSampler` whose order
+depends only on (seed, epoch) and which starts mid-epoch in O(1); a custom sampler
+encodes the user's intent (weights, buckets, ...) and is left alone. The new
+DataLoader copies every other setting of the user's, and owns a generator, so
+starting an iterator (which draws the workers' base seed) leaves the global torch
+RNG -- the one dropout uses -- untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+from drivetrain._sampler import ReproducibleBatchSampler, find_reproducible_sampler
+
+_OWNS_GENERATOR = "_drivetrain_owns_generator"
+"""Attribute set on DataLoaders whose generator this module made (and may therefore reseed)."""
+
+_COPIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+           "persistent_workers", "pin_memory_device", "in_order")
+
+
+def reproducible_dataloader(dataloader: Any) -> Any:
+    """A copy of ``dataloader`` with a :class:`ReproducibleBatchSampler`, or ``dataloader`` itself
+    when its sampling is not the default one (or it is not a plain DataLoader)."""
+    plan = _default_sampling(dataloader)
+    if plan is None:
+        return dataloader
+    sampler, batch_sampler = plan
+    seed_from = getattr(sampler, "generator", None) or dataloader.generator
+    repro = ReproducibleBatchSampler(
+        len(dataloader.dataset),
+        batch_sampler.batch_size,
+        shuffle=isinstance(sampler, RandomSampler),
+        drop_last=batch_sampler.drop_last,
+        seed=None if seed_from is None else seed_from.initial_seed(),
+    )
+    generator = dataloader.generator
+    owns = generator is None
+    if owns:
+        generator = torch.Generator()
+        generator.manual_seed(_generator_seed(repro.seed, repro.epoch))
+    loader = DataLoader(dataloader.dataset, batch_sampler=repro, generator=generator, **_settings(dataloader))
+    setattr(loader, _OWNS_GENERATOR, owns)
+    return loader
+
+
+def _default_sampling(dataloader: Any) -> tuple[Any, BatchSampler] | None:
+    """``(sampler, batch_sampler)`` when ``dataloader`` samples a map-style dataset the default way."""
+    if type(dataloader) is not DataLoader or isinstance(dataloader.dataset, IterableDataset):
+        return None  # a DataLoader subclass may take other constructor arguments: rebuilding it could lose them
+    batch_sampler = dataloader.batch_sampler
+    if type(batch_sampler) is not BatchSampler:  # also None: batch_size=None disables batching
+        return None
+    sampler = batch_sampler.sampler
+    try:
+        size = len(dataloader.dataset)
+    except TypeError:
+        return None
+    if type(sampler) is SequentialSampler:
+        whole = sampler.data_source is dataloader.dataset
+    elif type(sampler) is RandomSampler:
+        whole = (sampler.data_source is dataloader.dataset and not sampler.replacement
+                 and sampler._num_samples is None)
+    else:
+        return None
+    if not whole or len(sampler) != size:
+        return None
+    return sampler, batch_sampler
+
+
+def _settings(dataloader: DataLoader) -> dict[str, Any]:
+    """Every constructor setting of ``dataloader`` except the dataset, the sampling and the generator."""
+    settings = {name: getattr(dataloader, name) for name in _COPIED if hasattr(dataloader, name)}
+    if dataloader.num_workers > 0:
+        settings["prefetch_factor"] = dataloader.prefetch_factor  # torch rejects it without workers
+    return settings
+
+
+def _generator_seed(seed: int, epoch: int) -> int:
+    """The seed of the loader's own generator for ``epoch``: workers' base seeds depend on (seed, epoch) only."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0])
+
+
+def reseed_for_epoch(dataloader: Any, epoch: int) -> None:
+    """Reseed the generator :func:`reproducible_dataloader` made, so an epoch's worker seeds do not
+    depend on how many epochs this process has iterated (a resumed run has iterated fewer)."""
+    if not getattr(dataloader, _OWNS_GENERATOR, False):
+        return
+    sampler = find_reproducible_sampler(dataloader)
+    if sampler is not None:
+        dataloader.generator.manual_seed(_generator_seed(sampler.seed, epoch))

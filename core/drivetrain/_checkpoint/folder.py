@@ -1,0 +1,198 @@
+"""The checkpoint folder on disk: atomic writing, the manifest, verification, finding the newest.
+
+A checkpoint is written into ``.tmp-<name>-<pid>-<random>`` next to its final
+name; every file is fsynced, the manifest (with a sha256 per file) is written
+last, the folder is fsynced and renamed into place, then the parent is fsynced.
+A crash at any point leaves either the previous state or a ``.tmp-`` folder that
+readers ignore and the next resume removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import DrivetrainError
+from .._io import fsync_dir
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+TEMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(DrivetrainError, ValueError):
+    """A checkpoint cannot be read: damaged, incomplete, too new, or for another driver."""
+
+
+def _write_and_hash(path: str, data: bytes) -> str:
+    """Write ``data`` durably while hashing it on another thread (hashlib releases the GIL)."""
+    digest: dict[str, str] = {}
+
+    def hash_it() -> None:
+        digest["sha256"] = hashlib.sha256(data).hexdigest()
+
+    hasher = threading.Thread(target=hash_it) if len(data) > (1 << 20) else None
+    if hasher is not None:
+        hasher.start()
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if hasher is None:
+        hash_it()
+    else:
+        hasher.join()
+    return digest["sha256"]
+
+
+def write_checkpoint(folder: str, files: Mapping[str, bytes], manifest: dict[str, Any]) -> str:
+    """Write ``files`` (name -> bytes) and the manifest as the folder ``folder``, atomically.
+
+    An existing ``folder`` is replaced only once the new one is complete.
+    """
+    folder = os.path.abspath(folder)
+    parent, name = os.path.split(folder)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f"{TEMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(tmp)
+    try:
+        records = {}
+        for filename, data in files.items():
+            records[filename] = {"sha256": _write_and_hash(os.path.join(tmp, filename), data), "size": len(data)}
+        body = dict(manifest, format_version=FORMAT_VERSION, created=time.time(), files=records)
+        _write_and_hash(os.path.join(tmp, MANIFEST), json.dumps(body, indent=1, sort_keys=True).encode())
+        fsync_dir(tmp)
+        if os.path.exists(folder):
+            old = os.path.join(parent, f"{TEMP_PREFIX}old-{name}-{uuid.uuid4().hex[:8]}")
+            os.rename(folder, old)
+            os.rename(tmp, folder)
+            fsync_dir(parent)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, folder)
+        fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def remove_checkpoint(folder: str) -> None:
+    """Delete a checkpoint so that a crash midway leaves only an ignored temp folder."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    doomed = os.path.join(parent, f"{TEMP_PREFIX}del-{name}-{uuid.uuid4().hex[:8]}")
+    os.rename(folder, doomed)
+    fsync_dir(parent)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+@dataclass
+class LoadedCheckpoint:
+    folder: str
+    manifest: dict[str, Any]
+    files: dict[str, bytes]
+
+
+def read_manifest(folder: str) -> dict[str, Any]:
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        raise CheckpointError(
+            f"{folder} is not a checkpoint: it has no {MANIFEST} (an interrupted save leaves no manifest; "
+            "pass a complete checkpoint folder, or its parent to take the newest complete one)."
+        )
+    try:
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is damaged: not valid JSON ({exc}).") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{path} is damaged: it lacks the 'files' table.")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format version {version!r}, written by drivetrain "
+            f"{manifest.get('drivetrain_version', '?')}; this drivetrain reads format versions up to "
+            f"{FORMAT_VERSION}. Upgrade drivetrain to load it."
+        )
+    return manifest
+
+
+def read_checkpoint(folder: str) -> LoadedCheckpoint:
+    """Read the manifest and every file it lists, verifying size and sha256 before anything is parsed."""
+    folder = os.path.abspath(folder)
+    manifest = read_manifest(folder)
+    files: dict[str, bytes] = {}
+    for filename, record in manifest["files"].items():
+        path = os.path.join(folder, filename)
+        if os.path.basename(filename) != filename:
+            raise CheckpointError(f"{os.path.join(folder, MANIFEST)} is damaged: file name {filename!r} is not plain.")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} is missing; the checkpoint {folder} is incomplete.") from None
+        if len(data) != record.get("size"):
+            raise CheckpointError(
+                f"{path} is damaged: {len(data)} bytes where the manifest says {record.get('size')} (truncated?)."
+            )
+        if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+            raise CheckpointError(f"{path} is damaged: its sha256 does not match the manifest.")
+        files[filename] = data
+    return LoadedCheckpoint(folder, manifest, files)
+
+
+def is_complete(folder: str) -> bool:
+    name = os.path.basename(folder)
+    return not name.startswith(TEMP_PREFIX) and os.path.isfile(os.path.join(folder, MANIFEST))
+
+
+def list_checkpoints(parent: str) -> list[tuple[str, dict[str, Any]]]:
+    """Complete checkpoints directly under ``parent`` with their manifests, oldest progress first."""
+    found = []
+    if not os.path.isdir(parent):
+        return found
+    for entry in os.scandir(parent):
+        if entry.is_dir() and is_complete(entry.path):
+            try:
+                found.append((entry.path, read_manifest(entry.path)))
+            except CheckpointError:
+                continue
+    found.sort(key=lambda item: (item[1].get("trainer", {}).get("global_forward_batches", -1),
+                                 item[1].get("created", 0)))
+    return found
+
+
+def remove_temp_folders(parent: str) -> list[str]:
+    """Delete leftovers of interrupted saves/deletes in ``parent``; return what was removed."""
+    removed = []
+    if os.path.isdir(parent):
+        for entry in os.scandir(parent):
+            if entry.is_dir() and entry.name.startswith(TEMP_PREFIX):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    return removed
+
+
+def resolve_resume_folder(path: str) -> str:
+    """``path`` itself if it is a checkpoint, else the newest complete checkpoint inside it."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"resume_from={path!r} does not exist.")
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return path
+    remove_temp_folders(path)
+    found = list_checkpoints(path)
+    if not found:
+        raise CheckpointError(
+            f"resume_from={path!r} holds no complete checkpoint (no sub-folder with a {MANIFEST}); "
+            "pass a checkpoint folder or the folder CheckpointCallback writes into."
+        )
+    return found[-1][0]

@@ -1,0 +1,163 @@
+"""What a full checkpoint contains and how it is put back: the trainer's side of the format.
+
+Files of a checkpoint folder:
+
+- ``model.safetensors``: the model's weights (the same file ``Trainer.save_model`` writes);
+- ``training_state.safetensors``: every other framework tensor (optimizer moments,
+  accumulated gradients, framework RNG states, tensors in callback states);
+- ``training_state.json``: everything else, with references into the tensor file;
+- ``unsafe_pickled_state.pkl``: only with ``allow_pickle=True``, the callback states
+  that are not plain data;
+- ``manifest.json``: format version, versions, driver, trainer position, sha256 per file.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._driver import Driver
+from .._errors import DrivetrainError
+from .._seed import capture_host_rng, restore_host_rng
+from .._version import __version__
+from .codec import StateEncodingError, join_state, split_state
+from .folder import CheckpointError, LoadedCheckpoint
+
+MODEL_FILE = "model.safetensors"
+STATE_TENSORS = "training_state.safetensors"
+STATE_JSON = "training_state.json"
+PICKLE_FILE = "unsafe_pickled_state.pkl"
+
+
+@dataclass
+class Position:
+    """Where the loop stands: ``batches_done`` batches of epoch ``epoch`` are behind it."""
+
+    epoch: int
+    batches_done: int
+    global_forward_batches: int
+    consumed_samples: int | None
+
+
+def build_checkpoint(driver: Driver, position: Position, *, callback_states: Mapping[str, Any],
+                     sampler_state: Any, save_gradients: bool, allow_pickle: bool,
+                     extra: Mapping[str, Any]) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """Serialise everything the trainer needs to resume; returns (files, manifest fields)."""
+    is_tensor = driver.is_tensor
+    sections = {
+        "optimizers": driver.optimizer_states(),
+        "gradients": driver.gradient_state() if save_gradients else {},
+        "precision": driver.precision_state(),
+        "framework_rng": driver.rng_state(),
+    }
+    skeleton: dict[str, Any] = {}
+    tensors: dict[str, Any] = {}
+    for name, value in sections.items():
+        skeleton[name], found = split_state(value, is_tensor, name)
+        tensors.update(found)
+    pickled: dict[str, Any] = {}
+    callbacks_json: dict[str, Any] = {}
+    for cb_name, state in callback_states.items():
+        try:
+            callbacks_json[cb_name], found = split_state(state, is_tensor, f"callbacks/{cb_name}")
+        except StateEncodingError as exc:
+            if not allow_pickle:
+                raise StateEncodingError(f"callback {cb_name!r}: {exc}") from None
+            pickled[cb_name] = state
+            continue
+        tensors.update(found)
+    skeleton["callbacks"] = callbacks_json
+    skeleton["host_rng"], _ = split_state(capture_host_rng(), lambda x: False, "host_rng")
+    skeleton["sampler"] = sampler_state
+    skeleton["position"] = position.__dict__
+    files = {
+        MODEL_FILE: driver.tensors_to_bytes(driver.model_state()),
+        STATE_TENSORS: driver.tensors_to_bytes(tensors),
+        STATE_JSON: json.dumps(skeleton).encode(),
+    }
+    if pickled:
+        files[PICKLE_FILE] = pickle.dumps(pickled)
+    manifest = {
+        "drivetrain_version": __version__,
+        "driver": driver.name,
+        "framework_version": driver.framework_version(),
+        "kind": "trainer",
+        "pickle": bool(pickled),
+        "trainer": dict(position.__dict__, **extra),
+    }
+    return files, manifest
+
+
+@dataclass
+class DecodedCheckpoint:
+    model: dict[str, Any]
+    state: dict[str, Any]
+    pickled: dict[str, Any]
+
+
+def decode_checkpoint(loaded: LoadedCheckpoint, driver: Driver, allow_pickle: bool) -> DecodedCheckpoint:
+    """Parse a verified checkpoint fully in memory; nothing is applied yet."""
+    manifest = loaded.manifest
+    where = loaded.folder
+    if manifest.get("driver") != driver.name:
+        raise CheckpointError(
+            f"{where} was written by driver {manifest.get('driver')!r} but this trainer uses {driver.name!r}; "
+            "load it with the same framework's driver."
+        )
+    if MODEL_FILE not in loaded.files:
+        raise CheckpointError(f"{where}: the manifest lists no {MODEL_FILE}.")
+    model = _parse_tensors(driver, loaded, MODEL_FILE)
+    state: dict[str, Any] = {}
+    pickled: dict[str, Any] = {}
+    if manifest.get("kind") == "trainer":
+        for name in (STATE_TENSORS, STATE_JSON):
+            if name not in loaded.files:
+                raise CheckpointError(f"{where}: the manifest lists no {name}; the checkpoint is incomplete.")
+        tensors = _parse_tensors(driver, loaded, STATE_TENSORS)
+        try:
+            skeleton = json.loads(loaded.files[STATE_JSON])
+        except ValueError as exc:
+            raise CheckpointError(f"{where}/{STATE_JSON} is damaged: not valid JSON ({exc}).") from exc
+        try:
+            state = join_state(skeleton, tensors)
+        except DrivetrainError as exc:
+            raise CheckpointError(f"{where}/{STATE_JSON}: {exc}") from exc
+        if manifest.get("pickle") or PICKLE_FILE in loaded.files:
+            if not allow_pickle:
+                raise CheckpointError(
+                    f"{where} contains pickled state ({PICKLE_FILE}); loading it could run code from the file. "
+                    "Pass allow_pickle=True only if you trust whoever wrote this checkpoint."
+                )
+            pickled = pickle.loads(loaded.files[PICKLE_FILE])  # noqa: S301 - explicit opt-in above
+    return DecodedCheckpoint(model, state, pickled)
+
+
+def _parse_tensors(driver: Driver, loaded: LoadedCheckpoint, name: str) -> dict[str, Any]:
+    try:
+        return driver.tensors_from_bytes(loaded.files[name])
+    except Exception as exc:
+        raise CheckpointError(f"{loaded.folder}/{name} is not a readable safetensors file ({exc}).") from exc
+
+
+def check_model_fits(driver: Driver, model_tensors: Mapping[str, Any], where: str) -> None:
+    """Names and shapes must match before anything is copied, so a mismatch loads nothing."""
+    current = driver.model_state()
+    missing = sorted(set(current) - set(model_tensors))
+    unexpected = sorted(set(model_tensors) - set(current))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{where}: the saved model does not match this model; missing {missing[:10]}, "
+            f"unexpected {unexpected[:10]}. Build the same model architecture as the run that saved it."
+        )
+    wrong = [(k, tuple(model_tensors[k].shape), tuple(current[k].shape)) for k in current
+             if tuple(model_tensors[k].shape) != tuple(current[k].shape)]
+    if wrong:
+        raise CheckpointError(f"{where}: shapes differ (name, saved, model): {wrong[:10]}.")
+
+
+def restore_host_and_framework_rng(driver: Driver, state: Mapping[str, Any]) -> None:
+    restore_host_rng(state["host_rng"])
+    driver.load_rng_state(state["framework_rng"])
