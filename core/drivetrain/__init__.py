@@ -24,7 +24,6 @@ from ._progress import RawTextProgress, RichProgress, TqdmProgress
 from ._sampler import ReproducibleBatchSampler
 from ._seed import seed_everything
 from ._trainer import Trainer
-
 from ._version import __version__
 
 __all__ = [

@@ -7,9 +7,9 @@ import os
 
 import numpy as np
 import pytest
-from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 from drivetrain import Callback, CallbackError, CheckpointError, Event, Trainer, seed_everything
+from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 from .conftest import make_regression
 
