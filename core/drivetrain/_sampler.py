@@ -17,39 +17,77 @@ import numpy as np
 from ._errors import ConfigurationError
 
 
+def _check_layout(owner: str, dataset_len: Any, batch_size: Any, num_replicas: Any, rank: Any) -> None:
+    for name, value, minimum in (("dataset_len", dataset_len, 0), ("batch_size", batch_size, 1),
+                                 ("num_replicas", num_replicas, 1), ("rank", rank, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ConfigurationError(f"{owner}({name}={value!r}): must be an int >= {minimum}.")
+    if rank >= num_replicas:
+        raise ConfigurationError(f"{owner}(rank={rank}, num_replicas={num_replicas}): rank must be < num_replicas.")
+
+
 class ReproducibleBatchSampler:
     """Yields lists of dataset indices, ``batch_size`` at a time, shuffled per epoch from ``seed``.
 
     ``seed=None`` draws one from python's ``random`` (so ``seed_everything`` fixes it);
     the seed is saved in checkpoints either way.
+
+    Distributed (``num_replicas`` > 1): global batch ``g`` is the slice
+    ``order[g*B*W:(g+1)*B*W]`` and rank ``r`` takes its ``r``-th part of ``B`` samples,
+    so a step sees the same samples as one process with batch ``B*W`` and a resume
+    with another world size continues from the same global sample offset. Every rank
+    yields the same number of batches (collectives would hang otherwise): the last
+    global batch is split evenly, padding with samples from the start of the order
+    unless ``drop_last``; ``even_batches=True`` refuses data sizes that would need it.
     """
 
     def __init__(self, dataset_len: int, batch_size: int, *, shuffle: bool, drop_last: bool = False,
-                 seed: int | None = None) -> None:
-        for name, value, minimum in (("dataset_len", dataset_len, 0), ("batch_size", batch_size, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ConfigurationError(f"ReproducibleBatchSampler({name}={value!r}): must be an int >= {minimum}.")
+                 seed: int | None = None, num_replicas: int = 1, rank: int = 0, even_batches: bool = False) -> None:
+        _check_layout("ReproducibleBatchSampler", dataset_len, batch_size, num_replicas, rank)
         self.dataset_len = dataset_len
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.seed = random.randrange(2**31) if seed is None else int(seed)
+        self.num_replicas = num_replicas
+        self.rank = rank
         self.epoch = 0
-        self._start = 0  # samples of the current epoch already consumed (set on resume)
+        self._start = 0  # samples of the current epoch already consumed, all ranks together
+        self._epoch_start_offset = 0  # where the running iteration started (consumed_samples counts from it)
+        if even_batches and dataset_len % (batch_size * num_replicas):
+            raise ConfigurationError(
+                f"even_batches=True but the dataset has {dataset_len} samples, not a multiple of batch_size "
+                f"{batch_size} x {num_replicas} processes; drop the remainder (drop_last=True), pad the "
+                "dataset, or allow uneven last batches."
+            )
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's permutation; a new epoch starts from its first sample."""
         if epoch != self.epoch:
             self.epoch = epoch
             self._start = 0
+            self._epoch_start_offset = 0
 
     def resume(self, epoch: int, consumed_samples: int) -> None:
         """Make the next iteration start ``consumed_samples`` into ``epoch``'s order."""
         self.epoch = epoch
         self._start = max(0, min(int(consumed_samples), self.dataset_len))
+        self._epoch_start_offset = self._start
 
-    def consumed_samples(self, batches_done: int) -> int:
-        return min(batches_done * self.batch_size, self.dataset_len)
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.num_replicas
+
+    def consumed_samples(self, batches_since_start: int) -> int:
+        """Samples of the epoch consumed by all ranks once each took ``batches_since_start`` batches
+        of the running iteration (which may itself have started mid-epoch after a resume)."""
+        return min(self._epoch_start_offset + batches_since_start * self.global_batch_size, self.dataset_len)
+
+    def batches_left(self) -> int:
+        """Batches the next iteration yields on this rank."""
+        remaining = self.dataset_len - self._start
+        full, rest = divmod(remaining, self.global_batch_size)
+        return full if self.drop_last or not rest else full + 1
 
     def order(self) -> np.ndarray:
         if not self.shuffle:
@@ -59,13 +97,22 @@ class ReproducibleBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         order = self.order()
         start, self._start = self._start, 0
-        end = self.dataset_len - (self.dataset_len % self.batch_size if self.drop_last else 0)
-        for i in range(start, end, self.batch_size):
-            yield order[i:i + self.batch_size].tolist()
+        self._epoch_start_offset = start
+        n, width, w = self.dataset_len, self.global_batch_size, self.num_replicas
+        for lo in range(start, n, width):
+            chunk = order[lo:lo + width]
+            if len(chunk) < width:
+                if self.drop_last:
+                    return
+                if w > 1:  # every rank needs a batch of the same size: pad from the start of the order
+                    per_rank = -(-len(chunk) // w)
+                    chunk = np.concatenate([chunk, order[:per_rank * w - len(chunk)]])
+            per_rank = len(chunk) // w
+            yield chunk[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
 
     def __len__(self) -> int:
-        """Batches in a whole epoch (a resumed epoch yields fewer)."""
-        full, rest = divmod(self.dataset_len, self.batch_size)
+        """Batches per rank in a whole epoch (a resumed epoch yields fewer)."""
+        full, rest = divmod(self.dataset_len, self.global_batch_size)
         return full if self.drop_last or not rest else full + 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -81,6 +128,32 @@ class ReproducibleBatchSampler:
                     f"{key}={getattr(self, key)!r}; resume with the same dataset and batch settings."
                 )
         self.seed = int(state["seed"])
+
+
+class UnrepeatedBatchSampler:
+    """Evaluation sampler: rank ``r`` of ``W`` reads its own contiguous shard, in order, once.
+
+    Shards differ in size by at most one sample, so every sample is evaluated exactly
+    once across ranks (no padding, no duplicates); ranks may yield different numbers of
+    batches, which is fine because metrics synchronise once, after the loop.
+    """
+
+    def __init__(self, dataset_len: int, batch_size: int, *, num_replicas: int, rank: int) -> None:
+        _check_layout("UnrepeatedBatchSampler", dataset_len, batch_size, num_replicas, rank)
+        self.dataset_len = dataset_len
+        self.batch_size = batch_size
+        self.num_replicas = num_replicas
+        self.rank = rank
+        base, extra = divmod(dataset_len, num_replicas)
+        self.lo = rank * base + min(rank, extra)
+        self.hi = self.lo + base + (1 if rank < extra else 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for i in range(self.lo, self.hi, self.batch_size):
+            yield list(range(i, min(i + self.batch_size, self.hi)))
+
+    def __len__(self) -> int:
+        return -(-(self.hi - self.lo) // self.batch_size)
 
 
 def find_reproducible_sampler(dataloader: Any) -> ReproducibleBatchSampler | None:

@@ -211,6 +211,8 @@ class Trainer:
         self._has_run = False
         self._in_epoch = False
         self._resume_batches = 0  # batches of the current epoch a resumed run starts after
+        self._resume_samples: int | None = None  # the same position in samples, when a sampler tracks it
+        self._epoch_start_batch = 0  # batch index the running epoch's iteration started at
         self.fire("on_after_trainer_initialized", self.driver)
 
     # ------------------------------------------------------------------ callbacks
@@ -336,6 +338,15 @@ class Trainer:
         fire = self.fire
         driver.set_model_mode("train")
         start, self._resume_batches = self._resume_batches, 0
+        if self._sampler is not None and (start or self._resume_samples):
+            # Continue from the saved global sample offset; with another world size the
+            # batch count of the epoch changes, so the position is re-derived from it.
+            offset = self._resume_samples if self._resume_samples is not None else (
+                start * self._sampler.global_batch_size)
+            self._sampler.resume(self.cur_epoch_idx, offset)
+            start = len(self._sampler) - self._sampler.batches_left()
+        self._resume_samples = None
+        self._epoch_start_batch = start
         self.batch_idx_in_epoch = start
         per_epoch = self.num_batches_per_epoch
         remaining = None if self.n_batches is None else start + self.n_batches - self.global_forward_batches
@@ -389,7 +400,6 @@ class Trainer:
         if start == 0:
             return 0
         if self._sampler is not None:
-            self._sampler.resume(self.cur_epoch_idx, self._sampler.consumed_samples(start))
             return 0
         warnings.warn(
             f"resuming mid-epoch without a reproducible sampler: the first {start} batches of epoch "
@@ -490,7 +500,9 @@ class Trainer:
     # ---------------------------------------------------------------- checkpoints
     def _position(self) -> Position:
         batches = self.batch_idx_in_epoch if self._in_epoch else 0
-        consumed = self._sampler.consumed_samples(batches) if self._sampler is not None else None
+        consumed = None
+        if self._sampler is not None:
+            consumed = self._sampler.consumed_samples(batches - self._epoch_start_batch) if batches else 0
         return Position(self.cur_epoch_idx, batches, self.global_forward_batches, consumed)
 
     def save_checkpoint(self, folder: str | os.PathLike, *, allow_pickle: bool = False) -> str:
@@ -544,6 +556,7 @@ class Trainer:
         self.cur_epoch_idx = int(position["epoch"])
         self.global_forward_batches = int(position["global_forward_batches"])
         self._resume_batches = int(position["batches_done"])
+        self._resume_samples = position.get("consumed_samples")
         if self._sampler is not None and state["sampler"] is not None:
             self._sampler.load_state_dict(state["sampler"])
         self.fire("on_load_checkpoint", state["callbacks"])
