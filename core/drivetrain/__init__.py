@@ -4,7 +4,7 @@ Importing this package imports no deep-learning framework; a framework is import
 only when its driver is chosen (``Trainer(..., driver="torch")``).
 """
 
-from ._callbacks import Callback, CallbackError
+from ._callbacks import Callback, CallbackError, rank_zero_only
 from ._checkpoint import CheckpointError, StateEncodingError
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import (
@@ -55,6 +55,7 @@ __all__ = [
     "__version__",
     "available_drivers",
     "hookimpl",
+    "rank_zero_only",
     "register_plugin",
     "seed_everything",
 ]

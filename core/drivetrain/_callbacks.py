@@ -9,6 +9,18 @@ from ._errors import ConfigurationError, DrivetrainError, EarlyStopException
 from ._events import EVENT_ARGS, Event, FilteredHandler, check_handler_signature
 
 
+RANK_ZERO_ATTR = "__drivetrain_rank_zero_only__"
+
+
+def rank_zero_only(fn: Callable) -> Callable:
+    """Mark a function callback to run only on the global-zero process in distributed training.
+
+    The counterpart of ``Callback.rank_zero_only = True`` for ``Trainer.on`` / ``add_callback_fn``.
+    """
+    setattr(fn, RANK_ZERO_ATTR, True)
+    return fn
+
+
 class CallbackError(DrivetrainError, RuntimeError):
     """A callback raised; the message names the callback and the event, the cause is chained."""
 
@@ -61,11 +73,12 @@ class CallbackManager:
     ``handlers[name]`` is a plain list the Trainer iterates directly on the hot path.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, is_global_zero: bool = True) -> None:
         self.handlers: dict[str, list[Callable]] = {name: [] for name in EVENT_ARGS}
         self.callbacks: list[Callback] = []
+        self.is_global_zero = is_global_zero
 
-    def add_callback(self, callback: Callback, *, is_global_zero: bool = True) -> None:
+    def add_callback(self, callback: Callback) -> None:
         if not isinstance(callback, Callback):
             raise ConfigurationError(
                 f"callbacks contains {callback!r} of type {type(callback).__name__}; each item must be a "
@@ -78,7 +91,7 @@ class CallbackManager:
                 "their checkpoint states do not collide."
             )
         self.callbacks.append(callback)
-        if callback.rank_zero_only and not is_global_zero:
+        if callback.rank_zero_only and not self.is_global_zero:
             return
         for name in EVENT_ARGS:
             if name in _STATEFUL:
@@ -94,6 +107,8 @@ class CallbackManager:
         if not callable(fn):
             raise ConfigurationError(f"{where}: fn={fn!r} is not callable.")
         check_handler_signature(fn, event.name, where)
+        if getattr(fn, RANK_ZERO_ATTR, False) and not self.is_global_zero:
+            return
         self.handlers[event.name].append(FilteredHandler(fn, event) if event.is_filtered else fn)
 
     def fire(self, name: str, trainer: Any, *args: Any) -> None:

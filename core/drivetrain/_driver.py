@@ -217,8 +217,16 @@ class Driver(abc.ABC):
                 f"{argument}={type(dataloader).__name__} is not iterable; pass a dataloader or any iterable of batches."
             )
 
-    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: bool, reproducible: bool) -> Any:
-        """Return a dataloader that shards for distributed training and/or resumes exactly."""
+    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
+        """Return the dataloader to iterate instead of ``dataloader``.
+
+        ``dist``: None (one process, or the user shards the data), ``"train"`` (each rank
+        its share of every global batch: :class:`~drivetrain.ReproducibleBatchSampler`
+        with ``num_replicas``/``rank``) or ``"eval"`` (each sample once across ranks:
+        ``UnrepeatedBatchSampler``). ``reproducible``: order fixed by a saved seed and
+        resumable mid-epoch. A dataloader whose sampling cannot be replaced is returned
+        as is (training) or refused with a message saying what to do (``dist`` set).
+        """
         return dataloader
 
     def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:

@@ -108,6 +108,7 @@ class Evaluator:
         fp16: bool = False,
         precision: str | None = None,
         verbose: int = 1,
+        use_dist_sampler: bool = True,
         **kwargs: Any,
     ) -> None:
         self.dataloaders = _normalise_dataloaders(dataloaders, "dataloaders")
@@ -135,8 +136,10 @@ class Evaluator:
             )
             self.driver.setup()
             self._owns_driver = True
+        split = "eval" if self.driver.is_distributed() and use_dist_sampler else None
         for name, dl in self.dataloaders.items():
             self.driver.check_dataloader_legality(dl, argument=f"evaluate_dataloaders[{name!r}]" if name else "dataloaders")
+            self.dataloaders[name] = self.driver.set_dist_repro_dataloader(dl, dist=split, reproducible=False)
         self.evaluate_batch_step_fn = evaluate_batch_step_fn or _default_evaluate_batch_step
         self._eval_fn, self._eval_sig = self.driver.get_model_call_fn(evaluate_fn, default="evaluate_step")
         self._feeders = [_MetricFeeder(m, name, self.driver) for name, m in self.metrics.items()]

@@ -22,7 +22,8 @@ from ._checkpoint.training import (
     build_checkpoint,
     check_model_fits,
     decode_checkpoint,
-    restore_host_and_framework_rng,
+    process_state,
+    restore_process_state,
 )
 from ._dataloaders import OverfitLoader, TruncatedLoader, loader_length
 from ._driver import Driver
@@ -46,7 +47,7 @@ MODEL_FILENAME = "model.safetensors"
 
 _TRAINER_OPTIONS = frozenset({
     "train_input_mapping", "train_output_mapping", "evaluate_input_mapping", "evaluate_output_mapping",
-    "check_dataloader_legality", "reproducible_sampler",
+    "check_dataloader_legality", "reproducible_sampler", "use_dist_sampler", "evaluate_use_dist_sampler",
 })
 
 
@@ -97,6 +98,7 @@ class Trainer:
         precision: str | None = None,
         grad_clip: float | None = None,
         grad_clip_type: str = "norm",
+        nproc: int | None = None,
         **kwargs: Any,
     ) -> None:
         # -- 1. every argument is checked before anything is built
@@ -106,6 +108,8 @@ class Trainer:
         check_int(accumulation_steps, "accumulation_steps", minimum=1)
         check_int(n_batches, "n_batches", minimum=1, allowed=(-1,))
         check_int(overfit_batches, "overfit_batches", minimum=0, allowed=(-1,))
+        if nproc is not None:
+            check_int(nproc, "nproc", minimum=1)
         check_optional_callable(batch_step_fn, "batch_step_fn", "(trainer, batch)")
         check_optional_callable(evaluate_batch_step_fn, "evaluate_batch_step_fn", "(evaluator, batch)")
         for name, value in (("train_fn", train_fn), ("evaluate_fn", evaluate_fn), ("marker", marker)):
@@ -153,6 +157,7 @@ class Trainer:
         self.driver = build_driver(
             driver, model, device, precision=self.precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
             model_wo_auto_param_call=model_wo_auto_param_call, backend_kwargs=backend_kwargs,
+            **({} if nproc is None else {"nproc": nproc}),
         )
         self.driver.set_optimizers(optimizers)
         if not self.driver.optimizers and batch_step_fn is None:
@@ -165,8 +170,9 @@ class Trainer:
 
         # -- 3. data, evaluation and callbacks
         self.train_dataloader = train_dataloader
+        distributed = self.driver.is_distributed()
         self.dataloader = self.driver.set_dist_repro_dataloader(
-            train_dataloader, dist=self.driver.is_distributed(),
+            train_dataloader, dist="train" if distributed and kwargs.get("use_dist_sampler", True) else None,
             reproducible=bool(kwargs.get("reproducible_sampler", True)))
         self._sampler = find_reproducible_sampler(self.dataloader)
         self.overfit_batches = overfit_batches
@@ -184,13 +190,13 @@ class Trainer:
                 model, evaluate_dataloaders, metrics, driver=self.driver,
                 evaluate_batch_step_fn=evaluate_batch_step_fn, evaluate_fn=evaluate_fn,
                 input_mapping=eval_input, output_mapping=eval_output,
+                use_dist_sampler=kwargs.get("evaluate_use_dist_sampler", kwargs.get("use_dist_sampler", True)),
             )
-        self.callback_manager = CallbackManager()
-        zero = self.driver.is_global_zero
+        self.callback_manager = CallbackManager(is_global_zero=self.driver.is_global_zero)
         for cb in callback_list:
-            self.callback_manager.add_callback(cb, is_global_zero=zero)
+            self.callback_manager.add_callback(cb)
         if progress is not None:
-            self.callback_manager.add_callback(progress, is_global_zero=zero)
+            self.callback_manager.add_callback(progress)
         for event, fn in self._take_registered_fns(marker):
             self.callback_manager.add_fn(event, fn, where="Trainer.on")
         self._handlers = self.callback_manager.handlers
@@ -517,12 +523,14 @@ class Trainer:
         self.fire("on_save_checkpoint")
         states = self.callback_manager.states(self)
         path = os.path.abspath(folder)
+        mine = process_state(self.driver)
+        processes = self.driver.all_gather_object(mine) if self.driver.is_distributed() else [mine]
         if self.driver.is_global_zero:
             position = self._position()
             files, manifest = build_checkpoint(
                 self.driver, position, callback_states=states,
                 sampler_state=None if self._sampler is None else self._sampler.state_dict(),
-                save_gradients=True, allow_pickle=allow_pickle,
+                process_states=processes, allow_pickle=allow_pickle,
                 extra={"n_epochs": self.n_epochs, "n_batches": self.n_batches,
                        "accumulation_steps": self.accumulation_steps, "world_size": self.driver.world_size},
             )
@@ -549,7 +557,6 @@ class Trainer:
         if not resume_training:
             self.fire("on_load_checkpoint", state["callbacks"])
             return
-        self.driver.load_gradient_state(state["gradients"])
         self.driver.load_precision_state(state["precision"])
         self.callback_manager.load_states(self, {**state["callbacks"], **decoded.pickled})
         position = state["position"]
@@ -560,7 +567,7 @@ class Trainer:
         if self._sampler is not None and state["sampler"] is not None:
             self._sampler.load_state_dict(state["sampler"])
         self.fire("on_load_checkpoint", state["callbacks"])
-        restore_host_and_framework_rng(self.driver, state)
+        restore_process_state(self.driver, state)
 
     # --------------------------------------------------------------- model files
     def save_model(self, folder: str | os.PathLike) -> str:

@@ -289,8 +289,8 @@ def test_print_every_is_validated(cls, bad):
 
 @pytest.mark.parametrize("cls", [RawTextProgress, RichProgress, TqdmProgress])
 def test_progress_runs_on_global_zero_only(cls):
-    manager = CallbackManager()
-    manager.add_callback(cls(), is_global_zero=False)
+    manager = CallbackManager(is_global_zero=False)
+    manager.add_callback(cls())
     assert not any(manager.handlers.values())
     assert cls.rank_zero_only
 

@@ -341,3 +341,20 @@ def test_iterable_without_len_stops_on_n_batches(regression):
     trainer.run()
     assert trainer.global_forward_batches == 13
     assert trainer.n_epochs is None and trainer.cur_epoch_idx == 2
+
+
+def test_rank_zero_only_function_callbacks_are_skipped_on_other_ranks():
+    from drivetrain import rank_zero_only
+    from drivetrain._callbacks import CallbackManager
+
+    calls = []
+
+    @rank_zero_only
+    def on_zero(trainer):
+        calls.append("zero")
+
+    for zero in (True, False):
+        manager = CallbackManager(is_global_zero=zero)
+        manager.add_fn(Event.on_train_begin(), on_zero)
+        manager.fire("on_train_begin", None)
+    assert calls == ["zero"]

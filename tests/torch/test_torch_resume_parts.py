@@ -422,7 +422,7 @@ def test_shuffled_loader_permutes_per_epoch_reproducibly(make_driver, model) -> 
     d = make_driver(model)
 
     def epochs(seed: int, n: int = 3) -> list[list[int]]:
-        random.seed(seed)  # the sampler's seed comes from python's random (seed_everything fixes it)
+        torch.manual_seed(seed)  # as with torch's own RandomSampler, the global torch seed decides the order
         repro = _repro(d, DataLoader(_index_dataset(12), batch_size=5, shuffle=True))
         out = []
         for epoch in range(n):
@@ -440,7 +440,8 @@ def test_shuffled_loader_permutes_per_epoch_reproducibly(make_driver, model) -> 
 def test_user_generator_decides_the_order(make_driver, model) -> None:
     d = make_driver(model)
 
-    def order(seed: int, where: str) -> list[int]:
+    def order(seed: int, where: str, global_seed: int) -> list[int]:
+        torch.manual_seed(global_seed)  # irrelevant when the user gave a generator
         gen = torch.Generator().manual_seed(seed)
         dataset = _index_dataset(12)
         if where == "sampler":
@@ -449,11 +450,20 @@ def test_user_generator_decides_the_order(make_driver, model) -> None:
             loader = DataLoader(dataset, batch_size=4, shuffle=True, generator=gen)
         repro = _repro(d, loader)
         assert find_reproducible_sampler(repro).seed == seed
-        random.seed(seed + 1000)  # python's random state does not matter when the user gave a generator
         return sum(_indices(repro), [])
 
     for where in ("sampler", "loader"):
-        assert order(7, where) == order(7, where) != order(8, where)
+        assert order(7, where, 1) == order(7, where, 2) != order(8, where, 1)
+
+
+def test_python_random_does_not_decide_the_order(make_driver, model) -> None:
+    d = make_driver(model)
+    orders = []
+    for python_seed in (1, 2):
+        random.seed(python_seed)
+        torch.manual_seed(0)
+        orders.append(_indices(_repro(d, DataLoader(_index_dataset(12), batch_size=4, shuffle=True))))
+    assert orders[0] == orders[1]
 
 
 def test_resume_yields_exactly_the_tail(make_driver, model) -> None:
@@ -515,7 +525,7 @@ def test_every_setting_is_copied(make_driver, model) -> None:
 
 def test_workers_load_the_same_samples(make_driver, model) -> None:
     d = make_driver(model)
-    random.seed(0)
+    torch.manual_seed(0)
     repro = _repro(d, DataLoader(NumpyDataset(), batch_size=4, shuffle=True, num_workers=2))
     d.set_sampler_epoch(repro, 1)
     batches = list(repro)
@@ -557,12 +567,13 @@ def test_worker_seeds_depend_on_seed_and_epoch_only(make_driver, model) -> None:
         d.set_sampler_epoch(loader, epoch)
         return iter(loader)._base_seed
 
-    random.seed(4)
+    torch.manual_seed(4)
     long_run = _repro(d, DataLoader(_index_dataset(), batch_size=3, shuffle=True))
     seeds = [base_seed(long_run, epoch) for epoch in range(3)]
     assert len(set(seeds)) == 3
-    random.seed(4)
+    torch.manual_seed(5)  # a fresh process: the seed comes from the checkpoint
     resumed = _repro(d, DataLoader(_index_dataset(), batch_size=3, shuffle=True))
+    find_reproducible_sampler(resumed).load_state_dict(find_reproducible_sampler(long_run).state_dict())
     assert base_seed(resumed, 2) == seeds[2]
 
 

@@ -35,13 +35,12 @@ def reproducible_dataloader(dataloader: Any) -> Any:
     if plan is None:
         return dataloader
     sampler, batch_sampler = plan
-    seed_from = getattr(sampler, "generator", None) or dataloader.generator
     repro = ReproducibleBatchSampler(
         len(dataloader.dataset),
         batch_sampler.batch_size,
         shuffle=isinstance(sampler, RandomSampler),
         drop_last=batch_sampler.drop_last,
-        seed=None if seed_from is None else seed_from.initial_seed(),
+        seed=_sampler_seed(sampler, dataloader),
     )
     generator = dataloader.generator
     owns = generator is None
@@ -65,16 +64,25 @@ def _default_sampling(dataloader: Any) -> tuple[Any, BatchSampler] | None:
         size = len(dataloader.dataset)
     except TypeError:
         return None
-    if type(sampler) is SequentialSampler:
-        whole = sampler.data_source is dataloader.dataset
-    elif type(sampler) is RandomSampler:
-        whole = (sampler.data_source is dataloader.dataset and not sampler.replacement
-                 and sampler._num_samples is None)
-    else:
+    if type(sampler) not in (SequentialSampler, RandomSampler) or getattr(sampler, "replacement", False):
         return None
-    if not whole or len(sampler) != size:
-        return None
+    if sampler.data_source is not dataloader.dataset or len(sampler) != size:
+        return None  # a sampler of another dataset, or of part of it (RandomSampler's num_samples)
     return sampler, batch_sampler
+
+
+def _sampler_seed(sampler: Any, dataloader: DataLoader) -> int:
+    """The user's generator's seed when they gave one; else a draw from torch's global generator.
+
+    torch's own RandomSampler draws its seed from the global generator, so
+    ``torch.manual_seed`` keeps deciding the order, as it did before the swap. The
+    draw happens once, here, not at every epoch, and a resumed run replaces the
+    seed with the checkpoint's.
+    """
+    generator = getattr(sampler, "generator", None) or dataloader.generator
+    if generator is not None:
+        return generator.initial_seed()
+    return int(torch.empty((), dtype=torch.int64).random_().item())
 
 
 def _settings(dataloader: DataLoader) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,16 +43,24 @@ class Position:
     consumed_samples: int | None
 
 
+def process_state(driver: Driver) -> dict[str, Any]:
+    """What differs between processes: random generators and gradients not yet synchronised."""
+    return {"host_rng": capture_host_rng(), "framework_rng": driver.rng_state(),
+            "gradients": driver.gradient_state()}
+
+
 def build_checkpoint(driver: Driver, position: Position, *, callback_states: Mapping[str, Any],
-                     sampler_state: Any, save_gradients: bool, allow_pickle: bool,
+                     sampler_state: Any, process_states: list[dict[str, Any]], allow_pickle: bool,
                      extra: Mapping[str, Any]) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """Serialise everything the trainer needs to resume; returns (files, manifest fields)."""
+    """Serialise everything the trainer needs to resume; returns (files, manifest fields).
+
+    ``process_states`` holds :func:`process_state` of every rank, in rank order.
+    """
     is_tensor = driver.is_tensor
     sections = {
         "optimizers": driver.optimizer_states(),
-        "gradients": driver.gradient_state() if save_gradients else {},
         "precision": driver.precision_state(),
-        "framework_rng": driver.rng_state(),
+        "processes": process_states,
     }
     skeleton: dict[str, Any] = {}
     tensors: dict[str, Any] = {}
@@ -70,7 +79,6 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
             continue
         tensors.update(found)
     skeleton["callbacks"] = callbacks_json
-    skeleton["host_rng"], _ = split_state(capture_host_rng(), lambda x: False, "host_rng")
     skeleton["sampler"] = sampler_state
     skeleton["position"] = position.__dict__
     files = {
@@ -158,6 +166,26 @@ def check_model_fits(driver: Driver, model_tensors: Mapping[str, Any], where: st
         raise CheckpointError(f"{where}: shapes differ (name, saved, model): {wrong[:10]}.")
 
 
-def restore_host_and_framework_rng(driver: Driver, state: Mapping[str, Any]) -> None:
-    restore_host_rng(state["host_rng"])
-    driver.load_rng_state(state["framework_rng"])
+def restore_process_state(driver: Driver, state: Mapping[str, Any]) -> None:
+    """Give this rank its own saved random generators and pending gradients.
+
+    With the world size unchanged every rank gets exactly its state. With another world
+    size a rank takes the state of the same rank number when it existed (else rank 0's),
+    and pending gradients of an unfinished accumulation cycle are dropped, since they
+    were computed on another split of the data.
+    """
+    saved = state["processes"]
+    rank, world = driver.rank, driver.world_size
+    mine = saved[rank] if rank < len(saved) else saved[0]
+    if len(saved) == world:
+        driver.load_gradient_state(mine["gradients"])
+    else:
+        if any(p["gradients"] for p in saved):
+            warnings.warn(
+                f"the checkpoint was taken by {len(saved)} process(es) inside a gradient-accumulation cycle; "
+                f"resuming on {world} drops the gradients of that unfinished cycle.",
+                RuntimeWarning, stacklevel=3,
+            )
+        driver.load_gradient_state({})
+    restore_host_rng(mine["host_rng"])
+    driver.load_rng_state(mine["framework_rng"])

@@ -58,7 +58,7 @@ class NumpyDriver(Driver):
         for opt in self.optimizers:
             opt.zero_grad()
 
-    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: bool, reproducible: bool) -> Any:
+    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
         """An ArrayLoader gets a ReproducibleBatchSampler with the same batch size, shuffle and drop_last."""
         if not reproducible or not isinstance(dataloader, ArrayLoader) or dataloader.batch_sampler is not None:
             return dataloader
@@ -113,7 +113,10 @@ class NumpyDriver(Driver):
         return np.__version__
 
 
-def create_driver(model: Any, device: Any, *, framework_kwargs: Mapping | None = None, **options: Any) -> NumpyDriver:
+def create_driver(model: Any, device: Any, *, framework_kwargs: Mapping | None = None, nproc: int | None = None,
+                  **options: Any) -> NumpyDriver:
+    if nproc not in (None, 1):
+        raise DriverError(f"nproc={nproc!r}: the numpy driver runs in one process only.")
     if device not in (None, "cpu"):
         raise DriverError(f"device={device!r} is not accepted by the numpy driver; use 'cpu'.")
     if framework_kwargs:
