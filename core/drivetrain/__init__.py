@@ -5,6 +5,7 @@ only when its driver is chosen (``Trainer(..., driver="torch")``).
 """
 
 from ._callbacks import Callback, CallbackError, rank_zero_only
+from ._callbacks_lib import CheckpointCallback, EarlyStopCallback, LRSchedulerCallback
 from ._checkpoint import CheckpointError, StateEncodingError
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import (
@@ -18,7 +19,7 @@ from ._errors import (
 )
 from ._evaluator import Evaluator
 from ._events import Event
-from ._metrics import Accuracy, ClassifyFPreRecMetric, Metric
+from ._metrics import Accuracy, ClassifyFPreRecMetric, Metric, MetricInputError
 from ._plugins import DriverSpec, available_drivers, hookimpl, register_plugin
 from ._progress import RawTextProgress, RichProgress, TqdmProgress
 from ._sampler import ReproducibleBatchSampler
@@ -32,6 +33,7 @@ __all__ = [
     "BatchMismatchError",
     "Callback",
     "CallbackError",
+    "CheckpointCallback",
     "CheckpointError",
     "Capabilities",
     "ClassifyFPreRecMetric",
@@ -41,10 +43,13 @@ __all__ = [
     "DriverNotFoundError",
     "DriverSpec",
     "DrivetrainError",
+    "EarlyStopCallback",
     "EarlyStopException",
     "Evaluator",
     "Event",
+    "LRSchedulerCallback",
     "Metric",
+    "MetricInputError",
     "PluginLoadError",
     "RawTextProgress",
     "ReproducibleBatchSampler",

@@ -97,7 +97,9 @@ class CallbackManager:
             if name in _STATEFUL:
                 continue
             if getattr(type(callback), name) is not getattr(Callback, name):
-                self.handlers[name].append(getattr(callback, name))
+                method = getattr(callback, name)
+                check_handler_signature(method, name, f"callbacks: {type(callback).__name__}.{name}")
+                self.handlers[name].append(method)
 
     def add_fn(self, event: Event | str, fn: Callable, where: str = "add_callback_fn") -> None:
         if isinstance(event, str):

@@ -169,7 +169,7 @@ class Evaluator:
 
     def run(self, num_eval_batch_per_dl: int = -1) -> dict[str, float]:
         """Evaluate every dataloader (at most ``num_eval_batch_per_dl`` batches each; -1 = all)."""
-        check_int(num_eval_batch_per_dl, "num_eval_batch_per_dl", minimum=-1)
+        check_int(num_eval_batch_per_dl, "num_eval_batch_per_dl", minimum=1, allowed=(-1,))
         driver = self.driver
         driver.set_model_mode("eval")
         results: dict[str, float] = {}

@@ -19,18 +19,29 @@ def find_monitor_value(results: Mapping[str, float], monitor: str | Callable[[Ma
         return float(monitor(results))
     if monitor in results:
         return float(results[monitor])
-    matches = [k for k in results if monitor in result_key_parts(k)[:2]]
-    if len(matches) == 1:
-        return float(results[matches[0]])
-    if len(matches) > 1:
-        # The result name wins over the metric name when both appear.
-        by_result = [k for k in matches if result_key_parts(k)[0] == monitor]
-        if len(by_result) >= 1:
-            return float(results[sorted(by_result)[0]])
+    # "acc" names a result, "acc#acc" a result of one metric; the dataloader part may be left out,
+    # and then the first evaluate dataloader (in the order given) is the one monitored.
+    wanted = result_key_parts(monitor)
+    by_result = [k for k in results if result_key_parts(k)[:len(wanted)] == wanted]
+    by_metric = [k for k in results if len(wanted) == 1 and result_key_parts(k)[1:2] == wanted]
+    for matches in (by_result, by_metric):
+        if matches:
+            first_loader = _loader_of(matches[0])
+            same_loader = [k for k in matches if _loader_of(k) == first_loader]
+            if len(same_loader) == 1:
+                return float(results[same_loader[0]])
+            raise ConfigurationError(
+                f"monitor={monitor!r} is ambiguous: it matches {same_loader}; pass one of these keys."
+            )
     raise ConfigurationError(
         f"monitor={monitor!r} matches no evaluation result; results are {sorted(results)}. "
         "Pass one of these keys, a result/metric name, or a function(results) -> float."
     )
+
+
+def _loader_of(key: str) -> str:
+    parts = result_key_parts(key)
+    return parts[2] if len(parts) > 2 else ""
 
 
 def validate_monitor(monitor: Any, metrics: Mapping[str, Any] | None) -> None:
@@ -43,16 +54,18 @@ def validate_monitor(monitor: Any, metrics: Mapping[str, Any] | None) -> None:
         raise ConfigurationError(
             f"monitor={monitor!r} was given but there are no metrics to monitor; pass metrics= and evaluate_dataloaders=."
         )
-    names: set[str] = set()
+    wanted = result_key_parts(monitor)
+    accepted: set[str] = set()
     for metric_name, metric in metrics.items():
-        names.add(metric_name)
         result_names = getattr(metric, "result_names", None)
         if result_names is None:
             return  # a metric whose result names are only known at run time: checked at the first evaluation
-        names.update(result_names)
-    first = monitor.split("#")[0]
-    if first not in names and monitor not in names:
+        accepted.update(result_names)
+        accepted.update(f"{r}#{metric_name}" for r in result_names)
+        if len(result_names) == 1:
+            accepted.add(metric_name)  # the metric's name stands for its only result
+    if "#".join(wanted[:2]) not in accepted:
         raise ConfigurationError(
-            f"monitor={monitor!r} names no metric; the metrics produce {sorted(names)}. "
-            "Use one of them (e.g. monitor='acc') or a function(results) -> float."
+            f"monitor={monitor!r} names no single metric result; it can be one of {sorted(accepted)} "
+            "(optionally followed by '#<dataloader name>'), or a function(results) -> float."
         )

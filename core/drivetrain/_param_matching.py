@@ -65,6 +65,12 @@ def as_dict(obj: Any) -> Any:
     return obj
 
 
+def loss_of(outputs: Any) -> Any:
+    """``outputs["loss"]`` of a dict or dataclass output, or None."""
+    data = as_dict(outputs)
+    return data.get("loss") if isinstance(data, Mapping) else None
+
+
 def make_mapping_fn(mapping: Any, argument: str) -> Callable[[Any], Any] | None:
     """Turn ``input_mapping``/``output_mapping`` (dict, callable or None) into one function."""
     if mapping is None:

@@ -58,7 +58,8 @@ class DriverSpec:
     factory: str
     model_modules: tuple[str, ...] = ()
     capabilities: Capabilities = field(default_factory=Capabilities)
-    contract_versions: tuple[int, ...] = (CONTRACT_VERSION,)
+    contract_versions: tuple[int, ...] = ()
+    """Driver contract versions the backend implements; required (an empty tuple is refused)."""
     distribution: str | None = None
     install: str | None = None
     detect: Callable[[type], bool] | None = None
@@ -199,6 +200,12 @@ def resolve_spec(driver: str, model: Any) -> DriverSpec:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise DriverNotFoundError(
             f"driver={driver!r} is unknown; installed drivers: {', '.join(installed) or 'none'}.{hint}{broken}"
+        )
+    if not spec.contract_versions:
+        raise DriverNotFoundError(
+            f"driver {spec.name!r} declares no driver contract version; its DriverSpec must say "
+            f"contract_versions=({CONTRACT_VERSION},) if it implements this drivetrain's contract. "
+            f"Upgrade the backend ({spec.install_command} --upgrade)."
         )
     if CONTRACT_VERSION not in spec.contract_versions:
         raise DriverNotFoundError(

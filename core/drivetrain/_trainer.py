@@ -151,6 +151,19 @@ class Trainer:
         progress = choose_progress(progress_bar)
         self.precision = resolve_precision(fp16, precision)
 
+        if isinstance(driver, Driver):
+            _check_driver_instance_options(
+                device=(device, "cpu"), fp16=(fp16, False), precision=(precision, None), grad_clip=(grad_clip, None),
+                grad_clip_type=(grad_clip_type, "norm"), nproc=(nproc, None),
+                model_wo_auto_param_call=(model_wo_auto_param_call, False),
+                **{f"{name}_kwargs": (value, None) for name, value in backend_kwargs.items()},
+            )
+            self.precision = driver.precision
+            if driver.unwrap_model() is not model:
+                raise ConfigurationError(
+                    "driver= is a Driver built for another model than model=; pass the same model to both."
+                )
+
         # -- 2. the driver
         self.model = model
         self.marker = marker
@@ -394,8 +407,8 @@ class Trainer:
             if stop_at is not None and self.batch_idx_in_epoch >= stop_at:
                 break
         self._in_epoch = False
-        if self.accumulation_steps > 1 and self._epoch_length is None and self.batch_idx_in_epoch % self.accumulation_steps:
-            # An epoch of unknown length ended mid-cycle: apply what was accumulated.
+        if self.accumulation_steps > 1 and self._unstepped_gradients:
+            # The data ran out inside a cycle (a dataloader without len): apply what was accumulated.
             self._force_step = True
             self.step()
             self.zero_grad()
@@ -417,6 +430,7 @@ class Trainer:
 
     # ------------------------------------------------- the parts of a batch step
     _force_step = False
+    _unstepped_gradients = False  # backward ran since the last optimizer step
 
     def _is_cycle_end(self) -> bool:
         """Whether the current batch closes its gradient-accumulation cycle (then the optimizer steps)."""
@@ -456,6 +470,7 @@ class Trainer:
         if self.accumulation_steps > 1:
             loss = loss / self._cycle_size()
         self.driver.backward(loss)
+        self._unstepped_gradients = True
         if self._handlers["on_after_backward"]:
             self.fire("on_after_backward")
 
@@ -467,6 +482,7 @@ class Trainer:
         if handlers["on_before_optimizers_step"]:
             self.fire("on_before_optimizers_step", self.driver.optimizers)
         self.driver.step()
+        self._unstepped_gradients = False
         if handlers["on_after_optimizers_step"]:
             self.fire("on_after_optimizers_step", self.driver.optimizers)
 
@@ -602,6 +618,16 @@ def _extract_loss(outputs: Any) -> Any:
         f"the train function returned {described}, without 'loss'. Return {{'loss': loss, ...}} or pass "
         "output_mapping={'your_key': 'loss'} (or a function) to the Trainer."
     )
+
+
+def _check_driver_instance_options(**given: tuple[Any, Any]) -> None:
+    """With a ready Driver, options that configure a driver would be ignored: refuse them."""
+    ignored = sorted(name for name, (value, default) in given.items() if value != default)
+    if ignored:
+        raise ConfigurationError(
+            f"driver= is a Driver instance, so {ignored} would be ignored; pass these options to the driver "
+            "when you build it, or pass driver='<name>' and let the Trainer build it."
+        )
 
 
 def _exclusive(general: Any, specific: Any, general_name: str, specific_name: str) -> Any:

@@ -46,7 +46,7 @@ def build(**overrides):
         ({"evaluate_dataloaders": [1]}, r"evaluate_dataloaders were given but metrics=None"),
         ({"metrics": {"acc": "accuracy"}, "evaluate_dataloaders": [1]}, r"metrics\['acc'\]=str is not a drivetrain Metric"),
         ({"monitor": "f1", "metrics": {"acc": Accuracy()}, "evaluate_dataloaders": [1]},
-         r"monitor='f1' names no metric; the metrics produce \['acc'\]"),
+         r"monitor='f1' names no single metric result; it can be one of \['acc', 'acc#acc'\]"),
         ({"monitor": "acc"}, r"monitor='acc' was given but there are no metrics"),
         ({"train_dataloader": None}, r"train_dataloader=None"),
         ({"train_dataloader": 5}, r"train_dataloader=int is not iterable"),
@@ -136,6 +136,42 @@ def test_duplicate_callback_names_are_rejected():
 
     with pytest.raises(ConfigurationError, match="share callback_name='Same'"):
         build(callbacks=[Same(), Same()])
+
+
+def test_monitor_of_a_metric_with_several_results_is_refused_early():
+    from drivetrain import ClassifyFPreRecMetric
+
+    with pytest.raises(ConfigurationError, match=r"monitor='fpr' names no single metric result; it can be one of "
+                                                 r"\['f', 'f#fpr', 'pre', 'pre#fpr', 'rec', 'rec#fpr'\]"):
+        build(metrics={"fpr": ClassifyFPreRecMetric(num_classes=3)}, evaluate_dataloaders=[1], monitor="fpr")
+
+
+def test_monitor_picks_the_first_dataloader_given_and_explains_ambiguity():
+    from drivetrain._monitor import find_monitor_value
+
+    results = {"acc#acc#test": 0.5, "acc#acc#dev": 0.9, "f#fpr#dev": 0.7, "pre#fpr#dev": 0.6}
+    assert find_monitor_value(results, "acc") == 0.5
+    assert find_monitor_value(results, "acc#acc#dev") == 0.9
+    assert find_monitor_value(results, "f") == 0.7
+    with pytest.raises(ConfigurationError, match=r"monitor='fpr' is ambiguous: it matches \['f#fpr#dev', 'pre#fpr#dev'\]"):
+        find_monitor_value(results, "fpr")
+
+
+def test_driver_instance_with_driver_options_is_refused():
+    trainer = build()
+    with pytest.raises(ConfigurationError, match=r"driver= is a Driver instance, so \['grad_clip'\] would be ignored"):
+        build(driver=trainer.driver, model=trainer.model, grad_clip=1.0)
+    with pytest.raises(ConfigurationError, match="Driver built for another model"):
+        build(driver=trainer.driver)
+
+
+def test_callback_method_signature_checked_when_added():
+    class Wrong(Callback):
+        def on_evaluate_end(self, trainer):
+            pass
+
+    with pytest.raises(ConfigurationError, match=r"Wrong.on_evaluate_end.*it receives \(trainer, results\)"):
+        build(callbacks=[Wrong()])
 
 
 def test_monitor_missing_at_run_time_lists_results():

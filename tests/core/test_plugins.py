@@ -95,7 +95,7 @@ def test_plugin_registered_in_code():
     class InCode:
         @hookimpl
         def drivetrain_driver_specs(self):
-            return [DriverSpec(name="incode", framework="json", factory="json:loads",
+            return [DriverSpec(name="incode", framework="json", factory="json:loads", contract_versions=(1,),
                                capabilities=Capabilities(), model_modules=("collections",))]
 
     try:
@@ -137,11 +137,30 @@ def test_framework_module_missing_is_reported_with_install_command():
     class Missing:
         @hookimpl
         def drivetrain_driver_specs(self):
-            return [DriverSpec(name="ghost", framework="ghost_framework_not_installed", factory="x:y")]
+            return [DriverSpec(name="ghost", framework="ghost_framework_not_installed", factory="x:y",
+                               contract_versions=(1,))]
 
     try:
         drivetrain.register_plugin(Missing(), name="ghost-plugin")
         with pytest.raises(DriverNotFoundError, match=r"needs the framework module 'ghost_framework_not_installed'.*pip install drivetrain-ghost"):
             resolve_spec("ghost", None)
+    finally:
+        reset_registry()
+
+
+def test_spec_without_contract_version_is_refused():
+    import drivetrain
+    from drivetrain import DriverNotFoundError, DriverSpec, hookimpl
+    from drivetrain._plugins import reset_registry, resolve_spec
+
+    class Unversioned:
+        @hookimpl
+        def drivetrain_driver_specs(self):
+            return [DriverSpec(name="unversioned", framework="json", factory="json:loads")]
+
+    try:
+        drivetrain.register_plugin(Unversioned(), name="unversioned-plugin")
+        with pytest.raises(DriverNotFoundError, match=r"declares no driver contract version.*contract_versions=\(1,\)"):
+            resolve_spec("unversioned", None)
     finally:
         reset_registry()

@@ -358,3 +358,19 @@ def test_rank_zero_only_function_callbacks_are_skipped_on_other_ranks():
         manager.add_fn(Event.on_train_begin(), on_zero)
         manager.fire("on_train_begin", None)
     assert calls == ["zero"]
+
+
+def test_accumulation_flushes_at_the_end_of_a_lenless_epoch_cut_by_n_batches(regression):
+    model, opt, loader = regression
+
+    class Stream:
+        def __iter__(self):
+            return iter(loader)  # 8 batches, no len
+
+    steps = []
+    trainer = Trainer(model, Stream(), opt, driver="numpy", n_batches=11, accumulation_steps=3, progress_bar=None)
+    trainer.add_callback_fn(Event.on_after_optimizers_step(), lambda t, o: steps.append(t.global_forward_batches))
+    trainer.add_callback_fn(Event.on_train_epoch_end(), lambda t: steps.append(("end", float(abs(model.grads["weight"]).sum()))))
+    trainer.run()
+    # steps fire during batches 3 and 6 (2 and 5 done before them); the data ends after 8 -> flushed
+    assert steps[:3] == [2, 5, 8] and steps[3] == ("end", 0.0)

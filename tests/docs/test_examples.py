@@ -6,15 +6,15 @@ could type. Blocks fenced with any other info string (``python no-run``, ``conso
 ``toml``, ...) are shown but not run. A failing block is reported with its page,
 its line number and its code.
 
-Two more tests keep the docs complete: every public name of ``drivetrain`` appears in
-the docs, and every event appears on the callbacks page.
+Further tests keep the docs complete and navigable: every public name of
+``drivetrain`` appears in the docs, every event appears on the callbacks page,
+docs/index.md links to every page, and links between pages (and their #anchors)
+resolve.
 """
 
 from __future__ import annotations
 
-import copy
 import importlib.util
-import os
 import re
 import sys
 import traceback
@@ -85,8 +85,7 @@ def clean_globals():
     from drivetrain import Trainer
     from drivetrain._plugins import reset_registry
 
-    saved = copy.copy(dict(Trainer._registered_fns))
-    saved = {marker: list(fns) for marker, fns in saved.items()}
+    saved = {marker: list(fns) for marker, fns in Trainer._registered_fns.items()}
     yield
     Trainer._registered_fns.clear()
     Trainer._registered_fns.update(saved)
@@ -162,9 +161,47 @@ def test_index_links_to_every_page() -> None:
     assert not unlinked, f"docs/index.md does not link to {unlinked}"
 
 
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    anchors: set[str] = set()
+    fence = None
+    for line in page.read_text(encoding="utf-8").splitlines():
+        match = _FENCE.match(line)
+        if fence is None and match is not None:
+            fence = match["fence"]
+        elif fence is not None:  # inside a code block: only its closing fence matters
+            if match is not None and match["fence"].startswith(fence) and not match["info"].strip():
+                fence = None
+        else:
+            heading = re.match(r"^#{1,6}\s+(.*?)\s*#*$", line)
+            if heading:
+                anchors.add(_slug(heading[1]))
+            anchors.update(re.findall(r'<a id="([^"]+)"></a>', line))
+    return anchors
+
+
+def test_links_between_pages_resolve() -> None:
+    broken = []
+    for page in doc_pages():
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # an external address
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.is_file():
+                broken.append(f"{_page_id(page)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append(f"{_page_id(page)}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
 def test_code_block_parser() -> None:
     text = "intro\n```python\na = 1\n```\n\n```python no-run\nb = 2\n```\n~~~~python\nc = '```'\n~~~~\n"
     blocks = code_blocks(text)
     assert [(b.info, b.line, b.code) for b in blocks] == [
         ("python", 3, "a = 1\n"), ("python no-run", 7, "b = 2\n"), ("python", 10, "c = '```'\n")]
-    assert os.path.basename(__file__) == "test_examples.py"

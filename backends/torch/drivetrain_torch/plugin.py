@@ -7,8 +7,7 @@ The ``drivetrain`` entry-point group points here; the core calls
 
 from __future__ import annotations
 
-from drivetrain._driver import Capabilities
-from drivetrain._plugins import DriverSpec, hookimpl
+from drivetrain import CONTRACT_VERSION, Capabilities, DriverSpec, hookimpl
 
 CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16", "bf16"),
@@ -38,5 +37,14 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
             model_modules=("torch",),
             capabilities=CAPABILITIES,
             distribution="drivetrain-torch",
+            contract_versions=(CONTRACT_VERSION,),
+            seed_function="drivetrain_torch.plugin:seed_torch",
         )
     ]
+
+
+def seed_torch(seed: int) -> None:
+    """Seed torch's CPU and CUDA generators (called by ``seed_everything`` once torch is imported)."""
+    import torch
+
+    torch.manual_seed(seed)  # also seeds every CUDA device

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._param_matching import loss_of
 from .._callbacks import Callback
 from .._errors import ConfigurationError
 
@@ -42,7 +43,7 @@ class ProgressCallback(Callback):
 
     # ---------------------------------------------------------------- hot path
     def on_before_backward(self, trainer: Any, outputs: Any) -> None:
-        self._loss = outputs["loss"]
+        self._loss = loss_of(outputs)
 
     def on_train_batch_end(self, trainer: Any) -> None:
         done = trainer.batch_idx_in_epoch

@@ -26,7 +26,7 @@ class RawTextProgress(ProgressCallback):
     def on_train_begin(self, trainer: Any) -> None:
         super().on_train_begin(trainer)
         per_epoch, epochs = trainer.num_batches_per_epoch, total_epochs(trainer)
-        plan = [f"{epochs} epochs" if epochs else "", f"{per_epoch} batches per epoch" if per_epoch else ""]
+        plan = [f"{epochs} epoch{'s' if epochs != 1 else ''}" if epochs else "", f"{per_epoch} batches per epoch" if per_epoch else ""]
         if not epochs and trainer.n_batches:
             plan.append(f"{trainer.n_batches} batches in all")
         self._print("training: " + (", ".join(p for p in plan if p) or "until the data ends"))

@@ -1,6 +1,6 @@
 """Entry point: describes the numpy driver without building anything."""
 
-from drivetrain import Capabilities, DriverSpec, hookimpl
+from drivetrain import CONTRACT_VERSION, Capabilities, DriverSpec, hookimpl
 
 
 @hookimpl
@@ -14,5 +14,6 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
             capabilities=Capabilities(precisions=("fp32",), devices=("cpu",),
                                       notes={"purpose": "reference driver for tests; linear models only"}),
             distribution="drivetrain-numpy-testdriver",
+            contract_versions=(CONTRACT_VERSION,),
         )
     ]

@@ -1,0 +1,349 @@
+"""CheckpointCallback: periodic, last, on-exception and top-k checkpoints with rotation.
+
+Every checkpoint is one sub-folder of ``folder``, written atomically (a crash leaves
+a ``.tmp-`` folder that readers ignore) and deleted by renaming it to a ``.tmp-``
+name first, so the folder never holds a half checkpoint under a real name.
+``Trainer.run(resume_from=folder)`` picks the newest complete one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import uuid
+import warnings
+from typing import Any
+
+from .._callbacks import Callback
+from .._checkpoint.folder import TEMP_PREFIX, remove_checkpoint
+from .._errors import ConfigurationError, EarlyStopException
+from .._io import fsync_dir
+from ._args import (
+    check_bool,
+    check_monitor_arg,
+    check_optional_int,
+    is_better,
+    monitor_label,
+    resolve_monitor,
+)
+
+SAVE_OBJECTS = ("trainer", "model")
+LAST = "last"
+_PERIODIC = re.compile(r"epoch_\d+-batch_\d+-step_\d+")
+_TOPK = re.compile(r"topk-[A-Za-z0-9._+-]+-step_\d+")
+_OWNER = "CheckpointCallback"
+
+
+class CheckpointCallback(Callback):
+    """Save checkpoints into sub-folders of ``folder`` while training.
+
+    - ``every_n_batches`` / ``every_n_epochs``: periodic ``epoch_{e}-batch_{b}-step_{s}``
+      (``e`` epochs and ``b`` batches of the next one done, ``s`` batches in all); at
+      most ``save_total_limit`` of them are kept, the oldest deleted first;
+    - ``save_last``: ``last``, when training ends normally (finished or early-stopped);
+    - ``save_on_exception``: ``exception-step_{s}`` when training raises (best effort:
+      the state may be mid-batch, so it is for salvage rather than exact resume);
+    - ``topk``: the ``topk`` best evaluations by ``monitor``, as
+      ``topk-{monitor}_{value}-step_{s}``; ``monitor``/``larger_better`` default to the Trainer's.
+
+    ``save_object="trainer"`` writes full checkpoints (resumable, see
+    ``Trainer.save_checkpoint``); ``"model"`` writes only ``model.safetensors``
+    (``Trainer.save_model``, loadable with ``Trainer.load_model``).
+
+    When a save is due (a batch or epoch count is reached, an evaluation enters the
+    top k) it is written at the next point where that step is complete: before the
+    next batch is fetched, when the next epoch begins, or when training ends. So the
+    checkpoint holds the evaluation of that step and what every other callback did
+    for it, whatever their order in ``callbacks=``, and a resumed run repeats
+    nothing and skips nothing. The list of checkpoints this callback manages travels
+    in its own checkpoint state, so a resumed run continues the same rotation and top-k.
+    """
+
+    rank_zero_only = False  # every rank must call save_checkpoint (it writes on rank 0 and waits)
+
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        *,
+        every_n_batches: int | None = None,
+        every_n_epochs: int | None = None,
+        save_last: bool = True,
+        save_on_exception: bool = False,
+        topk: int = 0,
+        monitor: Any = None,
+        larger_better: bool | None = None,
+        save_object: str = "trainer",
+        save_total_limit: int | None = None,
+        allow_pickle: bool = False,
+    ) -> None:
+        _check_folder(folder)
+        check_optional_int(_OWNER, "every_n_batches", every_n_batches, minimum=1, none_means="no batch-based saves")
+        check_optional_int(_OWNER, "every_n_epochs", every_n_epochs, minimum=1, none_means="no epoch-based saves")
+        check_optional_int(_OWNER, "save_total_limit", save_total_limit, minimum=1, none_means="keeping them all")
+        for name, value in (("save_last", save_last), ("save_on_exception", save_on_exception),
+                            ("allow_pickle", allow_pickle)):
+            check_bool(_OWNER, name, value)
+        if not isinstance(topk, int) or isinstance(topk, bool) or topk < 0:
+            raise ConfigurationError(
+                f"{_OWNER}(topk={topk!r}) is not accepted; pass an int >= 0 (0 = no top-k checkpoints)."
+            )
+        check_monitor_arg(_OWNER, monitor, larger_better)
+        if save_object not in SAVE_OBJECTS:
+            raise ConfigurationError(
+                f"{_OWNER}(save_object={save_object!r}) is not accepted; pass 'trainer' (a resumable "
+                "checkpoint) or 'model' (the model's weights only)."
+            )
+        periodic = every_n_batches is not None or every_n_epochs is not None
+        if not (periodic or save_last or save_on_exception or topk):
+            raise ConfigurationError(
+                f"{_OWNER}({os.fspath(folder)!r}) saves nothing: set every_n_batches, every_n_epochs, "
+                "save_last, save_on_exception or topk."
+            )
+        if save_total_limit is not None and not periodic:
+            raise ConfigurationError(
+                f"{_OWNER}(save_total_limit={save_total_limit!r}) limits periodic checkpoints, but neither "
+                "every_n_batches nor every_n_epochs is set; set one of them or drop save_total_limit."
+            )
+        if not topk and (monitor is not None or larger_better is not None):
+            raise ConfigurationError(
+                f"{_OWNER}: monitor/larger_better are used only for top-k checkpoints, but topk=0; "
+                "pass topk=k (k >= 1) or drop monitor/larger_better."
+            )
+        if allow_pickle and save_object == "model":
+            raise ConfigurationError(
+                f"{_OWNER}(allow_pickle=True) has no effect with save_object='model' (model files never "
+                "pickle); drop allow_pickle or use save_object='trainer'."
+            )
+        self.folder = os.path.abspath(os.fspath(folder))
+        self.every_n_batches = every_n_batches
+        self.every_n_epochs = every_n_epochs
+        self.save_last = save_last
+        self.save_on_exception = save_on_exception
+        self.topk = topk
+        self.monitor = monitor
+        self.larger_better = larger_better
+        self.save_object = save_object
+        self.save_total_limit = save_total_limit
+        self.allow_pickle = allow_pickle
+        self._periodic: list[str] = []  # names of periodic checkpoints, oldest first
+        self._last_periodic_step: int | None = None
+        self._best: list[tuple[str, float]] = []  # top-k (name, value), best first
+        self._monitor: Any = None
+        self._larger_better = True
+        self._failed = False  # training raised (other than EarlyStopException): no `last`
+        self._training = False
+        self._epoch_open = False  # between on_train_epoch_begin and on_train_epoch_end
+        self._due_periodic = False  # a periodic save waits for the step to complete
+        self._due_best: float | None = None  # a top-k value waiting likewise
+
+    @property
+    def callback_name(self) -> str:
+        """Includes the folder's name, so a periodic and a best-model callback can be used together."""
+        return f"{_OWNER}:{os.path.basename(self.folder)}"
+
+    # ------------------------------------------------------------------ events
+    def on_after_trainer_initialized(self, trainer: Any, driver: Any) -> None:
+        if self.topk:
+            self._monitor, self._larger_better = resolve_monitor(
+                _OWNER, f"topk={self.topk}", self.monitor, self.larger_better, trainer)
+
+    def on_train_begin(self, trainer: Any) -> None:
+        self._failed, self._training = False, True
+        self._due_periodic, self._due_best = False, None
+
+    def on_train_epoch_begin(self, trainer: Any) -> None:
+        self._flush(trainer, in_epoch=False)  # what the end of the previous epoch made due
+        self._epoch_open = True
+
+    def on_fetch_data_begin(self, trainer: Any) -> None:
+        if self._due_periodic or self._due_best is not None:
+            self._flush(trainer, in_epoch=True)
+
+    def on_train_batch_end(self, trainer: Any) -> None:
+        if self.every_n_batches and trainer.global_forward_batches % self.every_n_batches == 0:
+            self._due_periodic = True
+
+    def on_train_epoch_end(self, trainer: Any) -> None:
+        self._epoch_open = False
+        if self.every_n_epochs and trainer.cur_epoch_idx % self.every_n_epochs == 0:
+            self._due_periodic = True
+
+    def on_evaluate_end(self, trainer: Any, results: Any) -> None:
+        if not self.topk:
+            return
+        value = trainer.monitor_value(results, self._monitor)
+        if not self._qualifies(value):
+            return
+        if not self._training:  # trainer.evaluate() outside run(): nothing else is coming, save now
+            self._save_best(trainer, value)
+        elif self._due_best is None or is_better(value, self._due_best, self._larger_better):
+            self._due_best = value  # two evaluations of one state (batch and epoch end): keep the better
+
+    def on_exception(self, trainer: Any, exception: BaseException) -> None:
+        if isinstance(exception, EarlyStopException):
+            return  # a normal end: `last` is still written
+        self._failed = True
+        if not self.save_on_exception:
+            return
+        name = f"exception-step_{trainer.global_forward_batches}"
+        try:
+            self._save(trainer, name)
+        except Exception as exc:  # the training error matters more than this one
+            warnings.warn(f"{_OWNER} could not save {os.path.join(self.folder, name)} after "
+                          f"{type(exception).__name__}: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+
+    def on_train_end(self, trainer: Any) -> None:
+        self._training = False
+        if self._failed:
+            self._due_periodic, self._due_best = False, None  # the state may be mid-batch: not resumable
+            return
+        self._flush(trainer, in_epoch=self._epoch_open)
+        if self.save_last:
+            self._save(trainer, LAST)
+
+    # ------------------------------------------------------------------- state
+    def on_save_checkpoint(self, trainer: Any) -> dict[str, Any]:
+        return {
+            "periodic": list(self._periodic),
+            "last_periodic_step": self._last_periodic_step,
+            "topk": [[name, value] for name, value in self._best],
+            "monitor": monitor_label(self._monitor) if self.topk else None,
+        }
+
+    def on_load_checkpoint(self, trainer: Any, states: Any) -> None:
+        """Take back the managed lists, keeping only our own names that still exist in ``folder``."""
+        if not isinstance(states, dict):
+            return
+        self._periodic = [n for n in states.get("periodic", []) if self._is_ours(n, _PERIODIC)]
+        step = states.get("last_periodic_step")
+        self._last_periodic_step = step if isinstance(step, int) else None
+        best = [(n, float(v)) for n, v in states.get("topk", []) if self._is_ours(n, _TOPK)]
+        if best and states.get("monitor") != monitor_label(self._monitor):
+            warnings.warn(
+                f"{_OWNER}: the checkpoint's top-k list was ranked by {states.get('monitor')!r}, this run "
+                f"monitors {monitor_label(self._monitor)!r}; starting a new top-k list (the old folders stay).",
+                RuntimeWarning, stacklevel=2)
+            best = []
+        self._best = self._sorted(best)
+
+    # ----------------------------------------------------------------- helpers
+    def _flush(self, trainer: Any, in_epoch: bool) -> None:
+        """Write the saves that are due; the position is (epoch, batches done in it) as a resume sees it."""
+        if self._due_periodic:
+            self._due_periodic = False
+            self._save_periodic(trainer, trainer.cur_epoch_idx, trainer.batch_idx_in_epoch if in_epoch else 0)
+        if self._due_best is not None:
+            value, self._due_best = self._due_best, None
+            if self._qualifies(value):
+                self._save_best(trainer, value)
+
+    def _save_periodic(self, trainer: Any, epoch: int, batches: int) -> None:
+        step = trainer.global_forward_batches
+        if step == self._last_periodic_step:
+            return  # this state is saved already (a resume that re-runs the end of an epoch)
+        name = f"epoch_{epoch}-batch_{batches}-step_{step}"
+        previous = list(self._periodic), self._last_periodic_step
+        self._periodic = [n for n in self._periodic if n != name] + [name]
+        self._last_periodic_step = step
+        try:
+            self._save(trainer, name)
+        except BaseException:
+            self._periodic, self._last_periodic_step = previous
+            raise
+        limit = self.save_total_limit
+        if limit is not None and len(self._periodic) > limit:
+            # The newest (just completed) is last in the list and limit >= 1: it is never deleted.
+            doomed, self._periodic = self._periodic[:-limit], self._periodic[-limit:]
+            for old in doomed:
+                self._remove(trainer, old)
+
+    def _qualifies(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        return len(self._best) < self.topk or is_better(value, self._best[self.topk - 1][1], self._larger_better)
+
+    def _save_best(self, trainer: Any, value: float) -> None:
+        name = f"topk-{monitor_label(self._monitor)}_{value:.6g}-step_{trainer.global_forward_batches}"
+        previous = list(self._best)
+        # Listed before saving, so the state inside the new checkpoint includes it.
+        self._best = self._sorted([e for e in self._best if e[0] != name] + [(name, value)])
+        try:
+            self._save(trainer, name)
+        except BaseException:
+            self._best = previous
+            raise
+        self._trim_best(trainer)
+
+    def _trim_best(self, trainer: Any) -> None:
+        if len(self._best) > self.topk:
+            doomed, self._best = self._best[self.topk:], self._best[:self.topk]
+            for name, _ in doomed:
+                self._remove(trainer, name)
+
+    def _sorted(self, entries: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """Best first; among equal values the earlier one stays ahead (stable sort)."""
+        return sorted(entries, key=lambda e: e[1], reverse=self._larger_better)
+
+    def _save(self, trainer: Any, name: str) -> str:
+        path = os.path.join(self.folder, name)
+        if self.save_object == "trainer":
+            return trainer.save_checkpoint(path, allow_pickle=self.allow_pickle)
+        return _save_model_folder(trainer, path)
+
+    def _remove(self, trainer: Any, name: str) -> None:
+        if not trainer.driver.is_global_zero:
+            return
+        path = os.path.join(self.folder, name)
+        if not os.path.isdir(path):
+            return  # already gone (removed by hand, or by the run this one resumed)
+        try:
+            remove_checkpoint(path)
+        except OSError as exc:
+            warnings.warn(f"{_OWNER} could not delete the old checkpoint {path}: {exc}", RuntimeWarning, stacklevel=3)
+
+    def _is_ours(self, name: Any, pattern: re.Pattern) -> bool:
+        """Only names this callback makes, directly in ``folder``: a checkpoint's state never points elsewhere."""
+        return (isinstance(name, str) and pattern.fullmatch(name) is not None
+                and os.path.isdir(os.path.join(self.folder, name)))
+
+
+def _check_folder(folder: Any) -> None:
+    if not isinstance(folder, (str, os.PathLike)) or not os.fspath(folder):
+        raise ConfigurationError(
+            f"{_OWNER}(folder={folder!r}) is not accepted; pass the path of a folder to write checkpoints into."
+        )
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigurationError(
+            f"{_OWNER}(folder={os.fspath(folder)!r}) is an existing file; pass a folder path (it is created if missing)."
+        )
+
+
+def _save_model_folder(trainer: Any, path: str) -> str:
+    """``Trainer.save_model`` into a temporary folder renamed into place, so ``path`` is never half written."""
+    parent, name = os.path.split(path)
+    tmp = os.path.join(parent, f"{TEMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    zero = trainer.driver.is_global_zero
+    try:
+        trainer.save_model(tmp)  # every rank calls it (it waits for rank 0); rank 0 writes
+        if zero:
+            _replace_folder(tmp, path)
+    except BaseException:
+        if zero:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _replace_folder(new: str, final: str) -> None:
+    parent, name = os.path.split(final)
+    if os.path.exists(final):
+        old = os.path.join(parent, f"{TEMP_PREFIX}old-{name}-{uuid.uuid4().hex[:8]}")
+        os.rename(final, old)
+        os.rename(new, final)
+        fsync_dir(parent)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(new, final)
+        fsync_dir(parent)
