@@ -8,7 +8,6 @@ from typing import Any
 from ._errors import ConfigurationError, DrivetrainError, EarlyStopException
 from ._events import EVENT_ARGS, Event, FilteredHandler, check_handler_signature
 
-
 RANK_ZERO_ATTR = "__drivetrain_rank_zero_only__"
 
 
@@ -117,8 +116,8 @@ class CallbackManager:
         for handler in self.handlers[name]:
             try:
                 handler(trainer, *args)
-            except (EarlyStopException, CallbackError):
-                raise
+            except (EarlyStopException, CallbackError, ConfigurationError):
+                raise  # already explain themselves: a configuration error names the argument to fix
             except Exception as exc:
                 raise _callback_error(handler, name, exc) from exc
 

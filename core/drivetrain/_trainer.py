@@ -20,6 +20,7 @@ from ._checkpoint.folder import CheckpointError, read_checkpoint, resolve_resume
 from ._checkpoint.training import (
     Position,
     build_checkpoint,
+    build_model_checkpoint,
     check_model_fits,
     decode_checkpoint,
     process_state,
@@ -30,7 +31,6 @@ from ._driver import Driver
 from ._errors import BatchMismatchError, ConfigurationError, EarlyStopException
 from ._evaluator import Evaluator, normalise_metrics
 from ._events import Event
-from ._io import atomic_write
 from ._monitor import find_monitor_value, validate_monitor
 from ._options import (
     build_driver,
@@ -229,6 +229,7 @@ class Trainer:
         self._null = contextlib.nullcontext()
         self._has_run = False
         self._in_epoch = False
+        self._mid_batch = False  # a batch was fetched and its step has not completed
         self._resume_batches = 0  # batches of the current epoch a resumed run starts after
         self._resume_samples: int | None = None  # the same position in samples, when a sampler tracks it
         self._epoch_start_batch = 0  # batch index the running epoch's iteration started at
@@ -391,6 +392,7 @@ class Trainer:
                 batch = next(iterator)
             except StopIteration:
                 break
+            self._mid_batch = True
             if handlers["on_fetch_data_end"]:
                 fire("on_fetch_data_end")
             batch = driver.move_data_to_device(batch)
@@ -399,6 +401,7 @@ class Trainer:
             batch_step_fn(self, batch)
             self.batch_idx_in_epoch += 1
             self.global_forward_batches += 1
+            self._mid_batch = False
             if handlers["on_train_batch_end"]:
                 fire("on_train_batch_end")
             if (every_batches and self.global_forward_batches % every_batches == 0) or (
@@ -547,7 +550,7 @@ class Trainer:
                 self.driver, position, callback_states=states,
                 sampler_state=None if self._sampler is None else self._sampler.state_dict(),
                 process_states=processes, allow_pickle=allow_pickle,
-                extra={"n_epochs": self.n_epochs, "n_batches": self.n_batches,
+                extra={"at_batch_boundary": not self._mid_batch, "n_epochs": self.n_epochs, "n_batches": self.n_batches,
                        "accumulation_steps": self.accumulation_steps, "world_size": self.driver.world_size},
             )
             write_checkpoint(path, files, manifest)
@@ -587,25 +590,34 @@ class Trainer:
 
     # --------------------------------------------------------------- model files
     def save_model(self, folder: str | os.PathLike) -> str:
-        """Write the model's weights to ``folder/model.safetensors`` (atomically, no pickle); return the path."""
-        folder = os.fspath(folder)
-        path = os.path.join(folder, MODEL_FILENAME)
+        """Write the model's weights as a checkpoint folder holding ``model.safetensors`` and a manifest.
+
+        Written like a full checkpoint (temp folder, fsync, rename; no pickle), so a crash
+        never leaves a half folder under ``folder``. Returns the path of the weights file,
+        which any safetensors reader can open.
+        """
+        path = os.path.abspath(os.fspath(folder))
         if self.driver.is_global_zero:
-            os.makedirs(folder, exist_ok=True)
-            state = self.driver.model_state()
-            atomic_write(path, lambda tmp: self.driver.save_tensors(state, tmp))
+            files, manifest = build_model_checkpoint(self.driver)
+            write_checkpoint(path, files, manifest)
         self.fire("on_save_model")
         self.driver.barrier()
-        return path
+        return os.path.join(path, MODEL_FILENAME)
 
     def load_model(self, folder: str | os.PathLike) -> None:
-        """Load weights written by :meth:`save_model` from ``folder`` (or the file itself)."""
+        """Load the weights of a folder written by :meth:`save_model` or :meth:`save_checkpoint`.
+
+        The folder's checksums are verified first. A bare ``.safetensors`` file (from
+        another tool) is accepted too; it has no manifest to verify against.
+        """
         path = os.fspath(folder)
-        if os.path.isdir(path):
-            path = os.path.join(path, MODEL_FILENAME)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"load_model({folder!r}): no {MODEL_FILENAME} there; pass the folder save_model wrote.")
-        self.driver.load_model_state(self.driver.load_tensors(path))
+        if os.path.isfile(path):
+            tensors = self.driver.load_tensors(path)
+        else:
+            loaded = read_checkpoint(path)
+            tensors = decode_checkpoint(loaded, self.driver, allow_pickle=False, model_only=True).model
+        check_model_fits(self.driver, tensors, path)
+        self.driver.load_model_state(tensors)
         self.fire("on_load_model")
 
 

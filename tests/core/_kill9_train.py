@@ -12,10 +12,13 @@
 - At the end the final parameters are written to OUT_FILE (``.npz``, atomically).
 - ``DRIVETRAIN_KILL9_SAVE_DELAY`` (seconds, default 0): sleep before each file a save
   writes, inside the temporary folder, so that a kill lands inside a save often.
+- ``DRIVETRAIN_KILL9_STEP_DELAY`` (seconds, default 0): sleep at the start of each batch,
+  standing in for the compute of a real model, so that kills also land between saves.
 
 On stdout it prints ``begin <global_forward_batches> <unix time>`` when training
-begins (after any resume) and ``done <global_forward_batches>`` at the end; the
-parent uses them to tell where its kill landed and which checkpoint was resumed.
+begins (after any resume) and ``done <global_forward_batches> <unix time>`` at the end;
+the parent uses them to time its kills, to tell where a kill landed and to check
+which checkpoint was resumed.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ def build_torch():
             return {"x": self.x[i], "y": self.y[i]}
 
     seed_everything(0)
+    torch.manual_seed(0)  # seed_everything seeds torch only if the torch DriverSpec names a seed_function
     loader = torch.utils.data.DataLoader(Pairs(), batch_size=8, shuffle=True)
     model = MLP()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -133,6 +137,9 @@ def main(argv: list[str]) -> int:
         print(f"begin {t.global_forward_batches} {time.time():.6f}", flush=True)
 
     trainer.add_callback_fn(Event.on_train_begin(), announce)
+    step_delay = float(os.environ.get("DRIVETRAIN_KILL9_STEP_DELAY", "0"))
+    if step_delay > 0:
+        trainer.add_callback_fn(Event.on_train_batch_begin(), lambda t, batch, indices: time.sleep(step_delay))
     trainer.add_callback_fn(Event.on_train_batch_end(), save_and_rotate)
     resume = args.resume and bool(list_checkpoints(ckpt_dir))
     trainer.run(resume_from=ckpt_dir if resume else None, num_eval_sanity_batch=0)
@@ -141,7 +148,7 @@ def main(argv: list[str]) -> int:
     tmp = f"{args.out_file}.tmp-{os.getpid()}.npz"
     np.savez(tmp, __global_forward_batches__=np.array(trainer.global_forward_batches), **params)
     os.replace(tmp, args.out_file)
-    print(f"done {trainer.global_forward_batches}", flush=True)
+    print(f"done {trainer.global_forward_batches} {time.time():.6f}", flush=True)
     return 0
 
 

@@ -152,7 +152,7 @@ def test_missing_or_truncated_file(tmp_path):
 
 def test_no_checkpoint_in_folder(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
+    with pytest.raises(CheckpointError, match="holds no complete training checkpoint"):
         make_trainer().run(resume_from=tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         make_trainer().run(resume_from=tmp_path / "nowhere")

@@ -310,24 +310,27 @@ def test_save_and_load_model_round_trip(regression, tmp_path):
     np.testing.assert_array_equal(fresh.params["weight"], model.params["weight"])
 
 
-def test_failed_save_keeps_previous_model_file(regression, tmp_path):
+def test_failed_save_keeps_previous_model_file(regression, tmp_path, monkeypatch):
+    from drivetrain._checkpoint import folder as folder_module
+
     model, opt, loader = regression
     trainer = Trainer(model, loader, opt, driver="numpy", n_epochs=1, progress_bar=None)
-    path = trainer.save_model(tmp_path)
+    path = trainer.save_model(tmp_path / "best")
     with open(path, "rb") as f:
         original = f.read()
+    model.params["weight"] += 1.0
 
-    def broken(tensors, p):
+    def half_write(p, data):
         with open(p, "wb") as f:
-            f.write(b"half")
+            f.write(data[: len(data) // 2])
         raise OSError("disk full")
 
-    trainer.driver.save_tensors = broken
+    monkeypatch.setattr(folder_module, "_write_and_hash", half_write)
     with pytest.raises(OSError, match="disk full"):
-        trainer.save_model(tmp_path)
+        trainer.save_model(tmp_path / "best")
     with open(path, "rb") as f:
         assert f.read() == original
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
 
 
 def test_iterable_without_len_stops_on_n_batches(regression):

@@ -63,7 +63,7 @@ def _indices(loader) -> list[list[int]]:
 
 
 def _repro(driver, loader):
-    return driver.set_dist_repro_dataloader(loader, dist=False, reproducible=True)
+    return driver.set_dist_repro_dataloader(loader, dist=None, reproducible=True)
 
 
 def _split(obj: Any, tensors: dict, path: str = "t") -> Any:
@@ -400,10 +400,37 @@ def test_optimizer_state_survives_rebuilding_model_and_optimizer(make_driver, ti
     assert torch.is_tensor(step) and step.dtype == torch.float32 and float(step) == len(batches)
 
 
-def test_load_optimizer_states_counts_must_match(make_driver, model, batches) -> None:
+def test_optimizer_state_keys_turned_into_strings_still_load(make_driver, tiny_net_cls, batches) -> None:
+    """JSON makes torch's int parameter keys strings; torch would silently keep them as junk entries."""
+    torch.manual_seed(0)
+    model = tiny_net_cls()
     d = _adam_run(make_driver, model, batches)
+    _train_steps(d, batches[:2])
+    state = d.optimizer_states()[0]
+    as_json = {**state, "state": {str(k): v for k, v in state["state"].items()}}
+    fresh = tiny_net_cls()
+    d2 = _adam_run(make_driver, fresh, batches)
+    d2.load_optimizer_states([as_json])
+    moments = d2.optimizers[0].state[fresh.fc2.bias]["exp_avg"]
+    assert torch.equal(moments, d.optimizers[0].state[model.fc2.bias]["exp_avg"])
+    assert all(isinstance(p, torch.nn.Parameter) for p in d2.optimizers[0].state)
+
+
+def test_load_optimizer_states_errors(make_driver, model, batches) -> None:
+    d = _adam_run(make_driver, model, batches)
+    _train_steps(d, batches[:1])
+    states = d.optimizer_states()
     with pytest.raises(DriverError, match=r"holds 2 optimizer state\(s\) but the trainer has 1"):
-        d.load_optimizer_states(d.optimizer_states() * 2)
+        d.load_optimizer_states(states * 2)
+    with pytest.raises(DriverError, match=r"optimizer_states\[0\]\['state'\] has an entry for parameter '7'"):
+        d.load_optimizer_states([{**states[0], "state": {"7": {}}}])
+    with pytest.raises(DriverError, match=r"optimizer_states\[0\] is a list without 'state'"):
+        d.load_optimizer_states([[1, 2]])
+    with pytest.raises(DriverError, match="needs the list optimizer_states"):
+        d.load_optimizer_states(states[0])
+    small = _adam_run(make_driver, torch.nn.Linear(4, 8), batches)
+    with pytest.raises(DriverError, match="load_optimizer_states: .*size.*same parameters, in the same groups"):
+        small.load_optimizer_states(states)
 
 
 # ----------------------------------------------------------------------------- reproducible DataLoader
@@ -603,9 +630,15 @@ def test_other_loaders_are_left_alone(make_driver, model, case) -> None:
         "foreign_sampler": lambda: DataLoader(dataset, batch_size=2, sampler=RandomSampler(_index_dataset(8))),
     }
     loader = loaders[case]()
-    result = d.set_dist_repro_dataloader(loader, dist=case == "dist", reproducible=case != "not_reproducible")
+    dist = "train" if case == "dist" else None
+    result = d.set_dist_repro_dataloader(loader, dist=dist, reproducible=case != "not_reproducible")
     assert result is loader
     d.set_sampler_epoch(result, 1)  # harmless on anything
+
+
+def test_unknown_dist_value_is_refused(make_driver, model) -> None:
+    with pytest.raises(DriverError, match=r"dist=True.*None, 'train' or 'eval'"):
+        make_driver(model).set_dist_repro_dataloader([], dist=True, reproducible=True)
 
 
 # ----------------------------------------------------------------------------- all together

@@ -6,9 +6,9 @@ run, starting right after the last one it consumed. Only the *default* sampling
 the whole dataset) is replaced, by a :class:`ReproducibleBatchSampler` whose order
 depends only on (seed, epoch) and which starts mid-epoch in O(1); a custom sampler
 encodes the user's intent (weights, buckets, ...) and is left alone. The new
-DataLoader copies every other setting of the user's, and owns a generator, so
-starting an iterator (which draws the workers' base seed) leaves the global torch
-RNG -- the one dropout uses -- untouched.
+DataLoader copies every other setting of the user's, and has a generator of its own
+(the user's, or one made here), so starting an iterator (which draws the workers'
+base seed) leaves the global torch RNG -- the one dropout uses -- untouched.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def _generator_seed(seed: int, epoch: int) -> int:
 
 def reseed_for_epoch(dataloader: Any, epoch: int) -> None:
     """Reseed the generator :func:`reproducible_dataloader` made, so an epoch's worker seeds do not
-    depend on how many epochs this process has iterated (a resumed run has iterated fewer)."""
+    depend on how many epochs this process has iterated (a resumed run has iterated fewer).
+    A generator the user passed is theirs and is left as it is."""
     if not getattr(dataloader, _OWNS_GENERATOR, False):
         return
     sampler = find_reproducible_sampler(dataloader)

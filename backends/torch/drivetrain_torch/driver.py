@@ -286,13 +286,15 @@ class TorchSingleDriver(Driver):
             )
         super().check_dataloader_legality(dataloader, argument)
 
-    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: bool, reproducible: bool) -> Any:
+    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
         """A DataLoader that resumes sample-exactly when ``reproducible`` (see :mod:`._dataloader`).
 
-        Distributed sharding belongs to the distributed driver; this single-process
-        driver returns ``dataloader`` unchanged when ``dist`` is set.
+        Sharding (``dist="train"``/``"eval"``) belongs to the distributed torch driver;
+        this single-process driver is never asked for it and returns ``dataloader`` as is.
         """
-        if dist or not reproducible:
+        if dist not in (None, "train", "eval"):
+            raise DriverError(f"set_dist_repro_dataloader(dist={dist!r}): use None, 'train' or 'eval'.")
+        if dist is not None or not reproducible:
             return dataloader
         return reproducible_dataloader(dataloader)
 
@@ -319,6 +321,21 @@ class TorchSingleDriver(Driver):
             torch.cuda.manual_seed_all(seed)
 
     # ------------------------------------------------- training state (checkpoints)
+    def load_optimizer_states(self, states: list[Any]) -> None:
+        """Load each state after restoring its int parameter keys (see :func:`.state.optimizer_state_for_load`)."""
+        if not isinstance(states, (list, tuple)):
+            raise DriverError(
+                f"load_optimizer_states(states={type(states).__name__}) needs the list optimizer_states() returns."
+            )
+        prepared = [_state.optimizer_state_for_load(s, f"optimizer_states[{i}]") for i, s in enumerate(states)]
+        try:
+            super().load_optimizer_states(prepared)
+        except ValueError as exc:  # torch: different number or sizes of param groups
+            raise DriverError(
+                f"load_optimizer_states: {exc}; build the optimizers over the same parameters, in the same "
+                "groups, as the run that saved the checkpoint."
+            ) from exc
+
     def gradient_state(self) -> dict[str, Any]:
         return _state.gradient_state(self.unwrap_model())
 

@@ -179,3 +179,28 @@ def _gradient_for(param: torch.nn.Parameter, name: str, value: Any) -> torch.Ten
             f"{tuple(param.shape)}; the gradients were saved from a differently sized model."
         )
     return value.detach().to(device=param.device, dtype=param.dtype, copy=True)
+
+
+def optimizer_state_for_load(state: Any, where: str) -> dict[str, Any]:
+    """``state`` with its per-parameter keys as ints again, checked against its own param groups.
+
+    torch keys optimizer state by parameter index (an int); a JSON round trip turns
+    those keys into strings, and ``Optimizer.load_state_dict`` would then keep them
+    as unrelated entries: the optimizer would silently restart its moments.
+    """
+    if not isinstance(state, Mapping) or "state" not in state or "param_groups" not in state:
+        raise DriverError(
+            f"{where} is a {type(state).__name__} without 'state' and 'param_groups'; it must be a "
+            "torch optimizer's state_dict(), as optimizer_states() returns."
+        )
+    indices = {index for group in state["param_groups"] for index in group.get("params", [])}
+    per_param: dict[Any, Any] = {}
+    for key, value in state["state"].items():
+        index = int(key) if isinstance(key, str) and key.isdigit() else key
+        if index not in indices:
+            raise DriverError(
+                f"{where}['state'] has an entry for parameter {key!r}, which none of its param_groups lists; "
+                "the optimizer state is damaged or was not produced by optimizer_states()."
+            )
+        per_param[index] = value
+    return {**state, "state": per_param}

@@ -11,15 +11,12 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
-import uuid
 import warnings
 from typing import Any
 
 from .._callbacks import Callback
-from .._checkpoint.folder import TEMP_PREFIX, remove_checkpoint
+from .._checkpoint.folder import remove_checkpoint
 from .._errors import ConfigurationError, EarlyStopException
-from .._io import fsync_dir
 from ._args import (
     check_bool,
     check_monitor_arg,
@@ -44,7 +41,8 @@ class CheckpointCallback(Callback):
       most ``save_total_limit`` of them are kept, the oldest deleted first;
     - ``save_last``: ``last``, when training ends normally (finished or early-stopped);
     - ``save_on_exception``: ``exception-step_{s}`` when training raises (best effort:
-      the state may be mid-batch, so it is for salvage rather than exact resume);
+      the state may be mid-batch, so it is for salvage rather than exact resume; in
+      distributed training it waits for every rank, so only when all of them fail);
     - ``topk``: the ``topk`` best evaluations by ``monitor``, as
       ``topk-{monitor}_{value}-step_{s}``; ``monitor``/``larger_better`` default to the Trainer's.
 
@@ -216,17 +214,23 @@ class CheckpointCallback(Callback):
         """Take back the managed lists, keeping only our own names that still exist in ``folder``."""
         if not isinstance(states, dict):
             return
-        self._periodic = [n for n in states.get("periodic", []) if self._is_ours(n, _PERIODIC)]
+        periodic = [n for n in states.get("periodic", []) if self._is_ours(n, _PERIODIC)]
+        best = [(n, float(v)) for n, v in states.get("topk", []) if self._is_ours(n, _TOPK)]
+        driver = getattr(trainer, "driver", None)
+        if driver is not None and driver.is_distributed():
+            # Rank 0 writes and deletes, so its view of the folder decides; every rank must then
+            # make the same top-k decisions, or one would wait in save_checkpoint for the others.
+            periodic, best = driver.broadcast_object((periodic, best), src=0)
+        self._periodic = list(periodic)
         step = states.get("last_periodic_step")
         self._last_periodic_step = step if isinstance(step, int) else None
-        best = [(n, float(v)) for n, v in states.get("topk", []) if self._is_ours(n, _TOPK)]
         if best and states.get("monitor") != monitor_label(self._monitor):
             warnings.warn(
                 f"{_OWNER}: the checkpoint's top-k list was ranked by {states.get('monitor')!r}, this run "
                 f"monitors {monitor_label(self._monitor)!r}; starting a new top-k list (the old folders stay).",
                 RuntimeWarning, stacklevel=2)
             best = []
-        self._best = self._sorted(best)
+        self._best = self._sorted([tuple(e) for e in best])
 
     # ----------------------------------------------------------------- helpers
     def _flush(self, trainer: Any, in_epoch: bool) -> None:
@@ -290,7 +294,8 @@ class CheckpointCallback(Callback):
         path = os.path.join(self.folder, name)
         if self.save_object == "trainer":
             return trainer.save_checkpoint(path, allow_pickle=self.allow_pickle)
-        return _save_model_folder(trainer, path)
+        trainer.save_model(path)  # atomic like a checkpoint; every rank calls it, rank 0 writes
+        return path
 
     def _remove(self, trainer: Any, name: str) -> None:
         if not trainer.driver.is_global_zero:
@@ -318,32 +323,3 @@ def _check_folder(folder: Any) -> None:
         raise ConfigurationError(
             f"{_OWNER}(folder={os.fspath(folder)!r}) is an existing file; pass a folder path (it is created if missing)."
         )
-
-
-def _save_model_folder(trainer: Any, path: str) -> str:
-    """``Trainer.save_model`` into a temporary folder renamed into place, so ``path`` is never half written."""
-    parent, name = os.path.split(path)
-    tmp = os.path.join(parent, f"{TEMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    zero = trainer.driver.is_global_zero
-    try:
-        trainer.save_model(tmp)  # every rank calls it (it waits for rank 0); rank 0 writes
-        if zero:
-            _replace_folder(tmp, path)
-    except BaseException:
-        if zero:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
-
-
-def _replace_folder(new: str, final: str) -> None:
-    parent, name = os.path.split(final)
-    if os.path.exists(final):
-        old = os.path.join(parent, f"{TEMP_PREFIX}old-{name}-{uuid.uuid4().hex[:8]}")
-        os.rename(final, old)
-        os.rename(new, final)
-        fsync_dir(parent)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(new, final)
-        fsync_dir(parent)

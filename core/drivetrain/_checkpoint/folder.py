@@ -189,10 +189,14 @@ def resolve_resume_folder(path: str) -> str:
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
     remove_temp_folders(path)
-    found = list_checkpoints(path)
+    # Weights-only folders cannot resume training, and a checkpoint taken in the middle of a
+    # batch (e.g. on an exception) is taken only when named explicitly.
+    found = [(folder, manifest) for folder, manifest in list_checkpoints(path)
+             if manifest.get("kind") == "trainer" and manifest["trainer"].get("at_batch_boundary", True)]
     if not found:
         raise CheckpointError(
-            f"resume_from={path!r} holds no complete checkpoint (no sub-folder with a {MANIFEST}); "
-            "pass a checkpoint folder or the folder CheckpointCallback writes into."
+            f"resume_from={path!r} holds no complete training checkpoint taken between batches (no sub-folder "
+            f"with a {MANIFEST} of kind 'trainer'); pass a checkpoint folder or the folder CheckpointCallback "
+            "writes into."
         )
     return found[-1][0]

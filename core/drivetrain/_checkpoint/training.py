@@ -99,6 +99,14 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
     return files, manifest
 
 
+def build_model_checkpoint(driver: Driver) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """A weights-only folder: the model file and a manifest of kind ``model``."""
+    files = {MODEL_FILE: driver.tensors_to_bytes(driver.model_state())}
+    manifest = {"drivetrain_version": __version__, "driver": driver.name,
+                "framework_version": driver.framework_version(), "kind": "model", "pickle": False}
+    return files, manifest
+
+
 @dataclass
 class DecodedCheckpoint:
     model: dict[str, Any]
@@ -106,8 +114,9 @@ class DecodedCheckpoint:
     pickled: dict[str, Any]
 
 
-def decode_checkpoint(loaded: LoadedCheckpoint, driver: Driver, allow_pickle: bool) -> DecodedCheckpoint:
-    """Parse a verified checkpoint fully in memory; nothing is applied yet."""
+def decode_checkpoint(loaded: LoadedCheckpoint, driver: Driver, allow_pickle: bool,
+                      model_only: bool = False) -> DecodedCheckpoint:
+    """Parse a verified checkpoint fully in memory (only the weights when ``model_only``); nothing is applied yet."""
     manifest = loaded.manifest
     where = loaded.folder
     if manifest.get("driver") != driver.name:
@@ -120,7 +129,7 @@ def decode_checkpoint(loaded: LoadedCheckpoint, driver: Driver, allow_pickle: bo
     model = _parse_tensors(driver, loaded, MODEL_FILE)
     state: dict[str, Any] = {}
     pickled: dict[str, Any] = {}
-    if manifest.get("kind") == "trainer":
+    if manifest.get("kind") == "trainer" and not model_only:
         for name in (STATE_TENSORS, STATE_JSON):
             if name not in loaded.files:
                 raise CheckpointError(f"{where}: the manifest lists no {name}; the checkpoint is incomplete.")

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .._param_matching import loss_of
 from .._callbacks import Callback
 from .._errors import ConfigurationError
+from .._param_matching import loss_of
 
 
 class ProgressCallback(Callback):
