@@ -95,7 +95,7 @@ class Tally:
                 f"{self.landed('save')} during a save, {self.landed('rotation')} during a checkpoint deletion, "
                 f"{self.landed('training')} during training between saves, {self.kills['resume']} during a "
                 f"resume (before the resumed run's first batch), {self.kills['startup']} during start-up; "
-                f"{self.resume_kills} of the kills hit a resumed process; {self.missed} kills came after the "
+                f"{self.resume_kills} of the kills hit a resumed process; {self.missed} kill(s) came after the "
                 f"process had finished; bit-exact rounds: {self.bit_exact_rounds}/{self.rounds}; "
                 f"checkpoint folders verified: {self.checkpoints_verified}")
 

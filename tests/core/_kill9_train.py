@@ -104,7 +104,6 @@ def build_torch():
             return {"x": self.x[i], "y": self.y[i]}
 
     seed_everything(0)
-    torch.manual_seed(0)  # seed_everything seeds torch only if the torch DriverSpec names a seed_function
     loader = torch.utils.data.DataLoader(Pairs(), batch_size=8, shuffle=True)
     model = MLP()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -236,8 +236,6 @@ def test_disk_full_gives_enospc_and_keeps_the_previous_checkpoint(tiny_disk):
     assert resumed.global_forward_batches == 26
 
 
-@pytest.mark.xfail(strict=True, reason="write_checkpoint lets the bare OSError of f.write/flush through: "
-                   "'[Errno 28] No space left on device' names neither the checkpoint nor the file")
 def test_disk_full_error_names_the_checkpoint(tiny_disk):
     saved, error = fill_with_checkpoints(tiny_disk)
     failed = f"step-{int(os.path.basename(saved[-1])[5:]) + 1:03d}"

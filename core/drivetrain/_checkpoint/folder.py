@@ -16,6 +16,7 @@ import shutil
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from .._io import fsync_dir
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TEMP_PREFIX = ".tmp-"
+OLD_PREFIX = TEMP_PREFIX + "old-"
 
 
 class CheckpointError(DrivetrainError, ValueError):
@@ -62,16 +64,21 @@ def write_checkpoint(folder: str, files: Mapping[str, bytes], manifest: dict[str
     parent, name = os.path.split(folder)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f"{TEMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.mkdir(tmp)
+    current = MANIFEST
     try:
+        os.mkdir(tmp)
         records = {}
-        for filename, data in files.items():
-            records[filename] = {"sha256": _write_and_hash(os.path.join(tmp, filename), data), "size": len(data)}
+        for current, data in files.items():
+            records[current] = {"sha256": _write_and_hash(os.path.join(tmp, current), data), "size": len(data)}
+        current = MANIFEST
         body = dict(manifest, format_version=FORMAT_VERSION, created=time.time(), files=records)
         _write_and_hash(os.path.join(tmp, MANIFEST), json.dumps(body, indent=1, sort_keys=True).encode())
         fsync_dir(tmp)
+        current = "(renaming into place)"
         if os.path.exists(folder):
-            old = os.path.join(parent, f"{TEMP_PREFIX}old-{name}-{uuid.uuid4().hex[:8]}")
+            # Two renames: a crash between them leaves the old checkpoint as .tmp-old-<name>-*,
+            # which recover_replaced() puts back before anything reads the parent folder.
+            old = os.path.join(parent, f"{OLD_PREFIX}{name}-{uuid.uuid4().hex[:8]}")
             os.rename(folder, old)
             os.rename(tmp, folder)
             fsync_dir(parent)
@@ -79,6 +86,10 @@ def write_checkpoint(folder: str, files: Mapping[str, bytes], manifest: dict[str
         else:
             os.rename(tmp, folder)
         fsync_dir(parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise type(exc)(exc.errno, f"could not write checkpoint {folder} ({current}): {exc.strerror or exc}; "
+                                   "the previous checkpoint under this name, if any, is unchanged") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -170,6 +181,24 @@ def list_checkpoints(parent: str) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
+def recover_replaced(parent: str) -> list[str]:
+    """Put back checkpoints that a crash left renamed away while being replaced; return them."""
+    restored = []
+    if not os.path.isdir(parent):
+        return restored
+    for entry in os.scandir(parent):
+        if not (entry.is_dir() and entry.name.startswith(OLD_PREFIX)):
+            continue
+        name = entry.name[len(OLD_PREFIX):].rsplit("-", 1)[0]
+        final = os.path.join(parent, name)
+        if name and not os.path.exists(final) and os.path.isfile(os.path.join(entry.path, MANIFEST)):
+            os.rename(entry.path, final)
+            restored.append(final)
+    if restored:
+        fsync_dir(parent)
+    return restored
+
+
 def remove_temp_folders(parent: str) -> list[str]:
     """Delete leftovers of interrupted saves/deletes in ``parent``; return what was removed."""
     removed = []
@@ -181,6 +210,14 @@ def remove_temp_folders(parent: str) -> list[str]:
     return removed
 
 
+def _manifest_error(folder: str) -> str | None:
+    try:
+        read_manifest(folder)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
 def resolve_resume_folder(path: str) -> str:
     """``path`` itself if it is a checkpoint, else the newest complete checkpoint inside it."""
     path = os.path.abspath(os.fspath(path))
@@ -188,7 +225,13 @@ def resolve_resume_folder(path: str) -> str:
         raise FileNotFoundError(f"resume_from={path!r} does not exist.")
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
+    recover_replaced(path)
     remove_temp_folders(path)
+    damaged = [entry.path for entry in os.scandir(path) if entry.is_dir() and is_complete(entry.path)
+               and _manifest_error(entry.path)]
+    if damaged:
+        warnings.warn(f"resume_from={path!r}: skipping checkpoint(s) with a damaged manifest: {damaged}",
+                      RuntimeWarning, stacklevel=3)
     # Weights-only folders cannot resume training, and a checkpoint taken in the middle of a
     # batch (e.g. on an exception) is taken only when named explicitly.
     found = [(folder, manifest) for folder, manifest in list_checkpoints(path)
