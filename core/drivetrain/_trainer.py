@@ -52,9 +52,12 @@ _TRAINER_OPTIONS = frozenset({
 
 
 def _default_batch_step(trainer: Trainer, batch: Any) -> None:
-    with trainer.get_no_sync_context():
-        outputs = trainer.train_step(batch)
-        trainer.backward(outputs)
+    context = trainer.get_no_sync_context()
+    if type(context) is contextlib.nullcontext:  # the usual batch: nothing to enter
+        trainer.backward(trainer.train_step(batch))
+    else:
+        with context:
+            trainer.backward(trainer.train_step(batch))
     trainer.step()
     trainer.zero_grad()
 
@@ -178,6 +181,7 @@ class Trainer:
                 "optimizers=None: pass the optimizer(s) to train with, or a batch_step_fn that updates the model."
             )
         self.driver.setup()
+        self.driver.zero_grad()  # a clean start; a checkpoint loaded later may bring back gradients of a cycle
         if kwargs.get("check_dataloader_legality", True):
             self.driver.check_dataloader_legality(train_dataloader, argument="train_dataloader")
 
@@ -304,7 +308,6 @@ class Trainer:
             self.dataloader = TruncatedLoader(self.dataloader, num_train_batch_per_epoch)
         self.num_batches_per_epoch = loader_length(self.dataloader)
         self._plan_length()
-        self.driver.zero_grad()  # before a resume, which may bring back gradients of a cycle in progress
         if resume_from is not None:
             self.load_checkpoint(resolve_resume_folder(resume_from), resume_training=resume_training)
         try:
@@ -381,28 +384,32 @@ class Trainer:
         every_fn = every if callable(every) else None
         batch_step_fn = self.batch_step_fn
         stop_at = self._epoch_length
+        # Looked up once: these are the very lists handlers are appended to, so later additions count.
+        fetch_begin, fetch_end = handlers["on_fetch_data_begin"], handlers["on_fetch_data_end"]
+        batch_begin, batch_end = handlers["on_train_batch_begin"], handlers["on_train_batch_end"]
+        move_data_to_device = driver.move_data_to_device
         iterator = iter(self.dataloader)
         for _ in range(skip):  # only for dataloaders without a reproducible sampler
             next(iterator, None)
         self._in_epoch = True
         while True:
-            if handlers["on_fetch_data_begin"]:
+            if fetch_begin:
                 fire("on_fetch_data_begin")
             try:
                 batch = next(iterator)
             except StopIteration:
                 break
             self._mid_batch = True
-            if handlers["on_fetch_data_end"]:
+            if fetch_end:
                 fire("on_fetch_data_end")
-            batch = driver.move_data_to_device(batch)
-            if handlers["on_train_batch_begin"]:
+            batch = move_data_to_device(batch)
+            if batch_begin:
                 fire("on_train_batch_begin", batch, None)
             batch_step_fn(self, batch)
             self.batch_idx_in_epoch += 1
             self.global_forward_batches += 1
             self._mid_batch = False
-            if handlers["on_train_batch_end"]:
+            if batch_end:
                 fire("on_train_batch_end")
             if (every_batches and self.global_forward_batches % every_batches == 0) or (
                     every_fn is not None and every_fn(self)):
@@ -453,14 +460,19 @@ class Trainer:
 
     def get_no_sync_context(self) -> contextlib.AbstractContextManager:
         """``driver.no_sync()`` inside an accumulation cycle, a no-op on the batch that steps."""
-        return self._null if self._is_cycle_end() else self.driver.no_sync()
+        return self._null if self.accumulation_steps == 1 or self._is_cycle_end() else self.driver.no_sync()
 
     def train_step(self, batch: Any) -> Any:
         """Run the train function on ``batch`` (mapped, in the driver's precision); return mapped outputs."""
         if self._input_fn is not None:
             batch = self._input_fn(batch)
-        with self.driver.auto_cast():
-            outputs = self.driver.model_call(batch, self._train_fn, self._train_sig)
+        driver = self.driver
+        context = driver.auto_cast()
+        if type(context) is contextlib.nullcontext:  # full precision: nothing to enter
+            outputs = driver.model_call(batch, self._train_fn, self._train_sig)
+        else:
+            with context:
+                outputs = driver.model_call(batch, self._train_fn, self._train_sig)
         if self._output_fn is not None:
             outputs = self._output_fn(outputs)
         return outputs
@@ -479,7 +491,7 @@ class Trainer:
 
     def step(self) -> None:
         """Step the optimizers when the accumulation cycle ends (every batch without accumulation)."""
-        if not self._is_cycle_end():
+        if self.accumulation_steps != 1 and not self._is_cycle_end():
             return
         handlers = self._handlers
         if handlers["on_before_optimizers_step"]:
@@ -491,7 +503,7 @@ class Trainer:
 
     def zero_grad(self) -> None:
         """Reset gradients when the accumulation cycle ends."""
-        if not self._is_cycle_end():
+        if self.accumulation_steps != 1 and not self._is_cycle_end():
             return
         handlers = self._handlers
         if handlers["on_before_zero_grad"]:
@@ -571,6 +583,12 @@ class Trainer:
         if loaded.manifest.get("kind") != "trainer":
             raise CheckpointError(f"{loaded.folder} holds only a model; use load_model() for it.")
         check_model_fits(self.driver, decoded.model, loaded.folder)
+        if len(state["optimizers"]) != len(self.driver.optimizers):
+            raise CheckpointError(
+                f"{loaded.folder} holds {len(state['optimizers'])} optimizer state(s) but the trainer has "
+                f"{len(self.driver.optimizers)} optimizer(s); pass the same optimizers as the run that saved it. "
+                "Nothing was loaded."
+            )
         self.driver.load_model_state(decoded.model)
         self.driver.load_optimizer_states(state["optimizers"])
         if not resume_training:
@@ -622,6 +640,8 @@ class Trainer:
 
 
 def _extract_loss(outputs: Any) -> Any:
+    if type(outputs) is dict and "loss" in outputs:  # the usual case, without the generic checks below
+        return outputs["loss"]
     data = as_dict(outputs)
     if isinstance(data, Mapping) and "loss" in data:
         return data["loss"]

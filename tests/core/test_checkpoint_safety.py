@@ -426,9 +426,6 @@ def test_saved_model_of_another_shape(tmp_path):
     check_refused(tmp_path / "other", r"shapes differ \(name, saved, model\): \[\('weight', \(5, 1\), \(3, 1\)\)\]")
 
 
-@pytest.mark.xfail(strict=True, reason="Trainer.load_checkpoint loads the model weights before it checks the "
-                   "optimizer states: a checkpoint with another number of optimizers raises only after the "
-                   "weights were overwritten")
 def test_optimizer_mismatch_changes_nothing(checkpoint):
     model = LinearModel(3, 1, seed=4, noise=0.3)
     loader = ArrayLoader(make_regression(n=50), batch_size=4, shuffle=True, seed=11)

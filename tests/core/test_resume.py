@@ -192,3 +192,12 @@ def test_evaluation_does_not_shift_the_training_random_stream(tmp_path):
                 **kwargs).run()
         results.append(model.params["weight"].copy())
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_explicit_load_checkpoint_then_run_keeps_a_cycle_in_progress(tmp_path):
+    reference = uninterrupted()
+    run_until(7, tmp_path)  # mid accumulation cycle: gradients are part of the state
+    resumed = make_trainer(seed_model=5)
+    resumed.load_checkpoint(tmp_path / "step-00007")
+    resumed.run()
+    np.testing.assert_array_equal(resumed.model.params["weight"], reference.model.params["weight"])
