@@ -15,8 +15,16 @@ Workloads:
 
 For each workload a Trainer with ``progress_bar="raw"`` (its lines sent to a
 StringIO) is also timed, informationally, to show what a progress display costs.
+Building the Trainer is not measured; ``run()`` is, whole.
+
+Each run is measured in CPU time of this process (what the loop costs, whatever
+else the machine is doing) and in wall time. On a shared machine both are noisy;
+``--callgrind`` counts the instructions each loop executes instead, which is
+deterministic (to ~0.1%) and so shows a change of a few hundred instructions per step:
 
     python bench/overhead.py [--steps N] [--rounds R] [--workload W1|W2|all] [--json PATH]
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.out \
+        python bench/overhead.py --callgrind /tmp/cg.out --rounds 1 --steps 1000
 
 This is a measurement, not a test: nothing here asserts a timing.
 """
@@ -32,9 +40,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -89,49 +97,86 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
+# ----------------------------------------------------------------------- meters
+class TimeMeter:
+    """Wall time and CPU time of this process (CPU time does not count time lost to other processes)."""
+
+    metrics = ("cpu", "wall")
+    unit = "µs/step"
+
+    def start(self) -> None:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def stop(self, steps: int) -> dict[str, float]:
+        wall, cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
+        return {"cpu": cpu / steps * 1e6, "wall": wall / steps * 1e6}
+
+
+class CallgrindMeter:
+    """Instructions executed, counted by valgrind's callgrind: deterministic, immune to machine load.
+
+    The process must run under ``valgrind --tool=callgrind --instr-atstart=no
+    --callgrind-out-file=OUT``; counting is switched on around each measured loop with
+    ``callgrind_control`` and each loop's total is read back from the dump it writes
+    (``OUT.1``, ``OUT.2``, ...).
+    """
+
+    metrics = ("instructions",)
+    unit = "instr/step"
+
+    def __init__(self, out_file: str) -> None:
+        self.out_file = out_file
+        self.dumps = 0
+
+    def _control(self, *args: str) -> None:
+        done = subprocess.run(["callgrind_control", *args, str(os.getpid())], capture_output=True, text=True)
+        if done.returncode != 0 or "Error" in done.stdout + done.stderr:
+            raise SystemExit(f"callgrind_control {' '.join(args)} failed: is this process running under "
+                             f"valgrind --tool=callgrind --instr-atstart=no?\n{done.stdout}{done.stderr}")
+
+    def start(self) -> None:
+        self._control("--zero")
+        self._control("--instr=on")
+
+    def stop(self, steps: int) -> dict[str, float]:
+        self._control("--instr=off")
+        self._control("--dump")
+        self.dumps += 1
+        with open(f"{self.out_file}.{self.dumps}", encoding="utf-8") as fh:
+            totals = [line for line in fh if line.startswith("totals:")]
+        return {"instructions": int(totals[-1].split()[1]) / steps}
+
+
+Meter = TimeMeter | CallgrindMeter
+
+
 # ------------------------------------------------------------------ the two sides
-Timing = tuple[float, float]  # (wall seconds, CPU seconds of this process)
-
-
-def hand_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict]) -> Timing:
+def hand_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict],
+              meter: Meter) -> dict[str, float]:
     """The reference: what a user would write by hand."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    start, cpu_start = time.perf_counter(), time.process_time()
+    meter.start()
     for batch in batches:
         loss = model(batch["x"], batch["target"])["loss"]
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - start, time.process_time() - cpu_start
+    return meter.stop(len(batches))
 
 
 def trainer_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict],
-                 progress_bar: Any = None) -> Timing:
-    """The same training through ``Trainer.run()``; building the Trainer is not timed."""
+                 meter: Meter, progress_bar: Any = None) -> dict[str, float]:
+    """The same training through ``Trainer.run()``; building the Trainer is not measured."""
     trainer = Trainer(model, batches, optimizer, driver="torch", device="cpu", n_epochs=1,
                       progress_bar=progress_bar)
     with contextlib.redirect_stdout(io.StringIO()):
-        start, cpu_start = time.perf_counter(), time.process_time()
+        meter.start()
         trainer.run()
-        elapsed = time.perf_counter() - start, time.process_time() - cpu_start
+        result = meter.stop(len(batches))
     if trainer.global_forward_batches != len(batches):
         raise SystemExit(f"the Trainer ran {trainer.global_forward_batches} of {len(batches)} steps")
-    return elapsed
-
-
-# ---------------------------------------------------------------------- running
-def timed(fn: Callable[..., Timing], initial: torch.nn.Module, batches: list[dict],
-          **kwargs: Any) -> tuple[Timing, torch.nn.Module]:
-    """Train a fresh copy of ``initial`` (same weights every time) with a fresh SGD."""
-    model = copy.deepcopy(initial)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    gc.collect()
-    return fn(model, optimizer, batches, **kwargs), model
-
-
-def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    return all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+    return result
 
 
 SIDES: dict[str, dict[str, Any]] = {
@@ -141,93 +186,120 @@ SIDES: dict[str, dict[str, Any]] = {
 }
 
 
-def summarise(us: dict[str, list[float]]) -> dict[str, Any]:
+# ---------------------------------------------------------------------- running
+def measure(side: str, initial: torch.nn.Module, batches: list[dict],
+            meter: Meter) -> tuple[dict[str, float], torch.nn.Module]:
+    """Train a fresh copy of ``initial`` (same weights every time) with a fresh SGD."""
+    model = copy.deepcopy(initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    gc.collect()
+    return SIDES[side]["fn"](model, optimizer, batches, meter, **SIDES[side]["kwargs"]), model
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def summarise(per_round: dict[str, list[float]]) -> dict[str, Any]:
     """Medians per side, and the median of the per-round (paired) trainer/hand ratios and differences."""
-    out: dict[str, Any] = {"median_us_per_step": {side: statistics.median(v) for side, v in us.items()},
-                           "min_us_per_step": {side: min(v) for side, v in us.items()}}
-    for side in us:
+    median = {side: statistics.median(v) for side, v in per_round.items()}
+    out: dict[str, Any] = {"median": median, "min": {side: min(v) for side, v in per_round.items()}}
+    for side, values in per_round.items():
         if side == "hand":
             continue
-        pairs = list(zip(us[side], us["hand"], strict=True))
+        pairs = list(zip(values, per_round["hand"], strict=True))
         out[side] = {
-            "ratio_of_medians": out["median_us_per_step"][side] / out["median_us_per_step"]["hand"],
-            "overhead_us_per_step": out["median_us_per_step"][side] - out["median_us_per_step"]["hand"],
+            "ratio": median[side] / median["hand"],
+            "overhead": median[side] - median["hand"],
             "median_paired_ratio": statistics.median(t / h for t, h in pairs),
-            "median_paired_overhead_us_per_step": statistics.median(t - h for t, h in pairs),
+            "median_paired_overhead": statistics.median(t - h for t, h in pairs),
         }
     return out
 
 
-def run_workload(name: str, steps: int, rounds: int, with_progress: bool) -> dict[str, Any]:
+def run_workload(name: str, steps: int, rounds: int, with_progress: bool, meter: Meter) -> dict[str, Any]:
     spec = WORKLOADS[name]
     torch.manual_seed(SEED)
     initial = spec["model"]()
     batches = spec["batches"](steps)
     # Warm-up (not recorded): the first runs allocate and fill caches. It also checks that both
     # sides do the same computation: they must end with bit-identical weights.
-    _, hand_model = timed(hand_loop, initial, batches[:50])
-    _, trainer_model = timed(trainer_loop, initial, batches[:50])
+    warm_meter = TimeMeter()
+    _, hand_model = measure("hand", initial, batches[:50], warm_meter)
+    _, trainer_model = measure("trainer", initial, batches[:50], warm_meter)
     if not same_weights(hand_model, trainer_model):
         raise SystemExit(f"{name}: the hand loop and the Trainer ended with different weights; fix the benchmark.")
     sides = [s for s in SIDES if with_progress or s != "trainer_raw_progress"]
-    wall: dict[str, list[float]] = {s: [] for s in sides}
-    cpu: dict[str, list[float]] = {s: [] for s in sides}
+    per_round: dict[str, dict[str, list[float]]] = {m: {s: [] for s in sides} for m in meter.metrics}
     for r in range(rounds):
         # Interleaved rounds; the order flips every round so drift does not favour one side.
         for side in sides if r % 2 == 0 else reversed(sides):
-            (w, c), _ = timed(SIDES[side]["fn"], initial, batches, **SIDES[side]["kwargs"])
-            wall[side].append(w / steps * 1e6)
-            cpu[side].append(c / steps * 1e6)
+            result, _ = measure(side, initial, batches, meter)
+            for metric, value in result.items():
+                per_round[metric][side].append(value)
     return {
         "workload": name,
         "describe": spec["describe"],
         "steps": steps,
         "rounds": rounds,
-        "wall": summarise(wall),
-        "cpu": summarise(cpu),
-        "wall_us_per_step_per_round": wall,
-        "cpu_us_per_step_per_round": cpu,
+        "unit": meter.unit,
+        **{metric: summarise(values) for metric, values in per_round.items()},
+        "per_round": per_round,
     }
 
 
-def print_table(results: list[dict[str, Any]]) -> None:
-    header = (f"{'workload':<28} {'clock':<5} {'hand':>8} {'trainer':>8} {'ratio':>6} {'overhead':>8}"
-              f" {'| +raw bar':>10} {'ratio':>6} {'overhead':>8}")
-    print(header)
-    print(f"{'':<28} {'':<5} {'µs/step':>8} {'µs/step':>8} {'':>6} {'µs/step':>8} {'| µs/step':>10}"
-          f" {'':>6} {'µs/step':>8}")
+def print_table(results: list[dict[str, Any]], meter: Meter) -> None:
+    unit = meter.unit
+    digits = 0 if unit == "instr/step" else 1
+    width = 11 if unit == "instr/step" else 8
+    sides = ("hand", "trainer", "trainer_raw_progress")
+    print(f"{'':<28} {'':<12}  {'hand':>{width}}  {'trainer':>{width}} {'ratio':>6} {'overhead':>{width}}"
+          f"  {'raw bar':>{width}} {'ratio':>6} {'overhead':>{width}}")
     for res in results:
-        for clock in ("cpu", "wall"):
-            summary = res[clock]
-            med = summary["median_us_per_step"]
-            label = f"{res['workload']} {res['describe']}" if clock == "cpu" else ""
-            line = (f"{label:<28} {clock:<5} {med['hand']:>8.1f} {med['trainer']:>8.1f}"
-                    f" {summary['trainer']['ratio_of_medians']:>6.3f}"
-                    f" {summary['trainer']['overhead_us_per_step']:>8.1f}")
-            if "trainer_raw_progress" in med:
-                raw = summary["trainer_raw_progress"]
-                line += (f" {'| ' + format(med['trainer_raw_progress'], '.1f'):>10}"
-                         f" {raw['ratio_of_medians']:>6.3f} {raw['overhead_us_per_step']:>8.1f}")
-            print(line)
-    print("medians over the rounds; cpu = process CPU time (robust to other load), wall = elapsed time.")
+        for n, metric in enumerate(meter.metrics):
+            summary = res[metric]
+            label = f"{res['workload']} {res['describe']}" if n == 0 else ""
+            cells = [f"{label:<28} {(metric + ' ' + unit) if metric != 'instructions' else unit:<12}"]
+            for side in sides:
+                if side not in summary["median"]:
+                    continue
+                cells.append(f"{summary['median'][side]:>{width}.{digits}f}")
+                if side != "hand":
+                    cells[-1] += f" {summary[side]['ratio']:>6.3f} {summary[side]['overhead']:>{width}.{digits}f}"
+            print("  ".join(cells))
+    print(f"medians over {results[0]['rounds']} interleaved round(s); overhead = trainer - hand."
+          + (" cpu = CPU time of this process, wall = elapsed." if unit == "µs/step" else ""))
+    if unit == "µs/step" and results[0]["rounds"] > 1:
+        # On a loaded machine the medians of the two sides can drift apart; the fastest round of
+        # each side and the median of the per-round (paired) ratios are steadier views of the same runs.
+        for res in results:
+            cpu = res["cpu"]
+            print(f"  {res['workload']} cpu, fastest rounds: ratio {cpu['min']['trainer'] / cpu['min']['hand']:.3f}, "
+                  f"overhead {cpu['min']['trainer'] - cpu['min']['hand']:.1f} µs/step; paired rounds: median ratio "
+                  f"{cpu['trainer']['median_paired_ratio']:.3f}, overhead "
+                  f"{cpu['trainer']['median_paired_overhead']:.1f} µs/step")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000, help="batches per run (default 2000)")
-    parser.add_argument("--rounds", type=int, default=9, help="timed rounds per side (default 9)")
+    parser.add_argument("--rounds", type=int, default=9, help="measured rounds per side (default 9)")
     parser.add_argument("--workload", choices=["W1", "W2", "all"], default="all")
     parser.add_argument("--no-progress", action="store_true", help="skip the progress_bar='raw' runs")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' = stdout)")
+    parser.add_argument("--callgrind", metavar="OUT", help="count instructions instead of timing; run as "
+                        "valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=OUT python "
+                        "bench/overhead.py --callgrind OUT --rounds 1 ...")
     args = parser.parse_args(argv)
     if args.steps < 50 or args.rounds < 1:
         parser.error("--steps must be >= 50 and --rounds >= 1")
     torch.set_num_threads(1)
+    meter: Meter = CallgrindMeter(args.callgrind) if args.callgrind else TimeMeter()
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     print(f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPUs, "
-          f"1 torch thread, {args.steps} steps x {args.rounds} rounds (medians)")
-    results = [run_workload(name, args.steps, args.rounds, not args.no_progress) for name in names]
-    print_table(results)
+          f"1 torch thread, {args.steps} steps x {args.rounds} rounds")
+    results = [run_workload(name, args.steps, args.rounds, not args.no_progress, meter) for name in names]
+    print_table(results, meter)
     if args.json:
         payload = {
             "torch": torch.__version__,

@@ -1,7 +1,8 @@
 """Train a small MLP on scikit-learn's digits (ships offline) and print the dev accuracy.
 
-    python examples/digits.py                # torch on CPU, ~10 s
+    python examples/digits.py                  # torch on CPU, ~10 s
     python examples/digits.py --precision bf16
+    python examples/digits.py --driver paddle  # paddle on CPU (pip install "drivetrain[paddle]" paddlepaddle)
 """
 
 from __future__ import annotations
@@ -76,7 +77,63 @@ def run_torch(epochs: int, precision: str, progress_bar: str | None) -> float:
     return results["acc#acc#dev"]
 
 
-RUNNERS = {"torch": run_torch}
+def run_paddle(epochs: int, precision: str, progress_bar: str | None) -> float:
+    import warnings
+
+    os.environ.setdefault("GLOG_minloglevel", "2")  # paddle's C++ INFO lines
+    with warnings.catch_warnings():  # paddle warns at import when ccache is not installed
+        warnings.simplefilter("ignore")
+        import paddle
+    from paddle import nn
+
+    from drivetrain import Accuracy, Event, Trainer, seed_everything
+
+    seed_everything(0)  # python, numpy (paddle's DataLoader shuffles with it) and paddle
+
+    class DictDataset(paddle.io.Dataset):
+        """numpy arrays in, numpy samples out: the DataLoader turns them into paddle tensors."""
+
+        def __init__(self, arrays: dict) -> None:
+            self.arrays = arrays
+
+        def __len__(self) -> int:
+            return len(self.arrays["x"])
+
+        def __getitem__(self, i: int) -> dict:
+            return {k: v[i] for k, v in self.arrays.items()}
+
+    class MLP(nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+        def forward(self, x, target):
+            logits = self.net(x)
+            return {"loss": nn.functional.cross_entropy(logits, target), "pred": logits}
+
+    train, dev = load_data()
+    model = MLP()
+    trainer = Trainer(
+        model,
+        driver="paddle",
+        device="cpu",
+        train_dataloader=paddle.io.DataLoader(DictDataset(train), batch_size=32, shuffle=True),
+        optimizers=paddle.optimizer.Adam(learning_rate=2e-3, parameters=model.parameters()),
+        evaluate_dataloaders={"dev": paddle.io.DataLoader(DictDataset(dev), batch_size=256)},
+        metrics={"acc": Accuracy()},
+        n_epochs=epochs,
+        evaluate_every=-1,
+        monitor="acc",
+        precision=precision,  # fp16/bf16 on CPU: a warning, then fp32 (paddle has no CPU kernels for them)
+        progress_bar=progress_bar,
+    )
+    results = {}
+    trainer.add_callback_fn(Event.on_evaluate_end(), lambda t, r: results.update(r))
+    trainer.run()
+    return results["acc#acc#dev"]
+
+
+RUNNERS = {"torch": run_torch, "paddle": run_paddle}
 
 
 def main(argv: list[str] | None = None) -> float:

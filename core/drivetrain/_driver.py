@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ._checkpoint import safetensors_writer
+from ._checkpoint.safetensors_writer import TensorEntry
 from ._errors import DriverError
 from ._param_matching import auto_param_call
 
@@ -252,29 +255,82 @@ class Driver(abc.ABC):
     # ---------------------------------------------------------------------- state
     @abc.abstractmethod
     def model_state(self) -> dict[str, Any]:
-        """The model's parameters and buffers as a flat ``{name: framework tensor}`` dict."""
+        """The model's parameters and buffers as a flat ``{name: framework tensor}`` dict.
+
+        The tensors may be the live ones (views, no copy): checkpoints write them straight
+        to disk, and a caller that keeps them across training steps copies them itself.
+        """
 
     @abc.abstractmethod
     def load_model_state(self, state: Mapping[str, Any]) -> None:
         """Load a dict produced by :meth:`model_state` or :meth:`load_tensors`; names must match."""
 
-    @abc.abstractmethod
+    def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
+        """One tensor as ``(dtype, shape, data)`` for the core's safetensors writer.
+
+        ``dtype`` is the safetensors tag (``"F32"``, ``"BF16"``, ``"I64"``, ``"BOOL"``, ...),
+        ``data`` a C-contiguous byte view of the tensor's values on the CPU that keeps
+        their memory alive. Copy only where needed (another device, non-contiguous): the
+        core writes each view straight into the file, so saving costs one write of the
+        data rather than a serialised copy first. Tensors sharing memory (tied weights)
+        need nothing special: each is written in full. Raise a :class:`DriverError` worded
+        to follow the tensor's name (``"is a float, not a torch tensor; ..."``): the core
+        puts the name in front. numpy arrays can use ``safetensors_writer.array_buffer``.
+
+        The default raises: a backend written before this method existed overrides
+        :meth:`tensors_to_bytes` instead, and its files are then serialised in memory.
+        """
+        raise NotImplementedError(
+            f"driver {self.name!r} ({type(self).__qualname__}) implements neither tensor_buffer() nor "
+            "tensors_to_bytes(); implement tensor_buffer() to save tensors."
+        )
+
+    def tensor_file(self, tensors: Mapping[str, Any]) -> list[TensorEntry] | bytes:
+        """A flat ``{name: tensor}`` dict the way the core writes it to disk.
+
+        A list of ``(name, dtype, shape, data)`` from :meth:`tensor_buffer`, streamed into
+        the file; or, from a backend that implements only :meth:`tensors_to_bytes`, its bytes.
+        """
+        if type(self).tensor_buffer is Driver.tensor_buffer:
+            return self.tensors_to_bytes(tensors)
+        return self._tensor_entries(tensors)
+
+    def _tensor_entries(self, tensors: Mapping[str, Any]) -> list[TensorEntry]:
+        """:meth:`tensor_buffer` of every tensor, with the tensor's name in any error."""
+        if not isinstance(tensors, Mapping):
+            raise DriverError(f"save_tensors(tensors={type(tensors).__name__}) needs a dict of name -> tensor.")
+        entries: list[TensorEntry] = []
+        for name, tensor in tensors.items():
+            if not isinstance(name, str):
+                raise DriverError(f"save_tensors: key {name!r} is a {type(name).__name__}; tensor names must be str.")
+            try:
+                dtype, shape, data = self.tensor_buffer(tensor)
+            except DriverError as exc:
+                raise DriverError(f"save_tensors: {name!r} {exc}") from exc
+            entries.append((name, dtype, shape, data))
+        return entries
+
     def tensors_to_bytes(self, tensors: Mapping[str, Any]) -> bytes:
         """Serialise a flat dict of framework tensors without pickle (safetensors bytes).
 
-        Bytes rather than a path so the core can hash while it writes and verify
-        before it parses; bf16 and every other dtype must round-trip bit-exactly.
+        The default encodes :meth:`tensor_buffer` of each tensor in memory; every dtype,
+        bf16 included, round-trips bit-exactly. Checkpoints do not go through it (they
+        stream :meth:`tensor_file` into the file); it serves callers that need bytes.
         """
+        return safetensors_writer.encode(self._tensor_entries(tensors))
 
     @abc.abstractmethod
     def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
-        """Parse what :meth:`tensors_to_bytes` produced (tensors on CPU); never executes code."""
+        """Parse safetensors bytes (what :meth:`tensors_to_bytes` produces) into CPU tensors; never executes code."""
 
     def save_tensors(self, tensors: Mapping[str, Any], path: str) -> None:
-        """Write :meth:`tensors_to_bytes` to ``path``."""
-        data = self.tensors_to_bytes(tensors)
-        with open(path, "wb") as f:
-            f.write(data)
+        """Write ``tensors`` as the safetensors file ``path``, straight from the tensors' memory."""
+        content = self.tensor_file(tensors)
+        if isinstance(content, bytes):
+            with open(path, "wb") as f:
+                f.write(content)
+        else:
+            safetensors_writer.save(os.fspath(path), content)
 
     def load_tensors(self, path: str) -> dict[str, Any]:
         """Read a file written by :meth:`save_tensors`."""

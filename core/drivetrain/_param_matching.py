@@ -40,11 +40,16 @@ def _signature_of(fn: Callable) -> tuple[list[str], list[str], bool]:
 
 def auto_param_call(fn: Callable, batch: Mapping[str, Any], signature_fn: Callable | None = None) -> Any:
     """Call ``fn`` with the items of ``batch`` that ``signature_fn`` (default ``fn``) names."""
-    required, names, var_kw = _signature_of(signature_fn or fn)
+    sig_fn = signature_fn or fn
+    cached = _SIGNATURES.get(getattr(sig_fn, "__func__", sig_fn))  # the cache hit inline: a per-batch path
+    required, names, var_kw = cached if cached is not None else _signature_of(sig_fn)
     if var_kw:
         return fn(**batch)
     try:
-        kwargs = {name: batch[name] for name in names if name in batch}
+        kwargs = {}
+        for name in names:  # a loop, not a comprehension: one call less per batch before Python 3.12
+            if name in batch:
+                kwargs[name] = batch[name]
         return fn(**kwargs)
     except TypeError:
         missing = [name for name in required if name not in batch]
@@ -60,6 +65,8 @@ def auto_param_call(fn: Callable, batch: Mapping[str, Any], signature_fn: Callab
 
 def as_dict(obj: Any) -> Any:
     """A dataclass instance becomes a shallow dict of its fields; anything else is returned as is."""
+    if type(obj) is dict:  # the usual case; is_dataclass would raise and catch an AttributeError for it
+        return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     return obj
@@ -67,6 +74,8 @@ def as_dict(obj: Any) -> Any:
 
 def loss_of(outputs: Any) -> Any:
     """``outputs["loss"]`` of a dict or dataclass output, or None."""
+    if type(outputs) is dict:  # per batch under a progress bar: the usual case first
+        return outputs.get("loss")
     data = as_dict(outputs)
     return data.get("loss") if isinstance(data, Mapping) else None
 

@@ -38,7 +38,8 @@ class ReproducibleBatchSampler:
     with another world size continues from the same global sample offset. Every rank
     yields the same number of batches (collectives would hang otherwise): the last
     global batch is split evenly, padding with samples from the start of the order
-    unless ``drop_last``; ``even_batches=True`` refuses data sizes that would need it.
+    unless ``drop_last``; ``even_batches=True`` refuses data sizes that would need it
+    (with ``drop_last`` nothing is padded, so any size is accepted).
     """
 
     def __init__(self, dataset_len: int, batch_size: int, *, shuffle: bool, drop_last: bool = False,
@@ -54,7 +55,7 @@ class ReproducibleBatchSampler:
         self.epoch = 0
         self._start = 0  # samples of the current epoch already consumed, all ranks together
         self._epoch_start_offset = 0  # where the running iteration started (consumed_samples counts from it)
-        if even_batches and dataset_len % (batch_size * num_replicas):
+        if even_batches and not drop_last and dataset_len % (batch_size * num_replicas):
             raise ConfigurationError(
                 f"even_batches=True but the dataset has {dataset_len} samples, not a multiple of batch_size "
                 f"{batch_size} x {num_replicas} processes; drop the remainder (drop_last=True), pad the "

@@ -73,8 +73,36 @@ def torch_kit() -> Kit:
     )
 
 
-KITS: dict[str, Callable[[], Kit]] = {"numpy": numpy_kit, "torch": torch_kit}
-NEEDS = {"numpy": "drivetrain_numpy", "torch": "drivetrain_torch"}
+def paddle_kit() -> Kit:
+    import os
+    import warnings
+
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    with warnings.catch_warnings():  # paddle warns at import when ccache is not installed
+        warnings.simplefilter("ignore")
+        import paddle
+
+    class Classifier(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            paddle.seed(0)
+            self.linear = paddle.nn.Linear(IN_FEATURES, CLASSES)
+
+        def forward(self, x, target):
+            pred = self.linear(x)
+            return {"loss": paddle.nn.functional.cross_entropy(pred, target), "pred": pred}
+
+    return Kit(
+        driver="paddle",
+        framework="paddle",
+        make_model=Classifier,
+        make_optimizer=lambda model, lr: paddle.optimizer.SGD(learning_rate=lr, parameters=model.parameters()),
+        to_tensor=lambda a: paddle.to_tensor(a, place=paddle.CPUPlace()),
+    )
+
+
+KITS: dict[str, Callable[[], Kit]] = {"numpy": numpy_kit, "torch": torch_kit, "paddle": paddle_kit}
+NEEDS = {"numpy": "drivetrain_numpy", "torch": "drivetrain_torch", "paddle": "drivetrain_paddle"}
 
 
 def installed(name: str) -> bool:

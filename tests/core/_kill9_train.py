@@ -1,9 +1,9 @@
 """The child process of the kill -9 tests: trains a fixed problem, checkpointing after every batch.
 
-    python _kill9_train.py CKPT_DIR OUT_FILE [--resume] [--driver numpy|torch]
+    python _kill9_train.py CKPT_DIR OUT_FILE [--resume] [--driver numpy|torch|paddle]
 
 - Seeded, shuffled data, random noise in the forward pass (numpy's global RNG for the
-  numpy driver, dropout for torch), gradient accumulation over 3 batches, 3 epochs.
+  numpy driver, dropout for torch and paddle), gradient accumulation over 3 batches, 3 epochs.
 - After every batch a checkpoint ``CKPT_DIR/step-NNNNNN`` is written and all but the
   newest ``KEEP`` are deleted (a rotation, so kills also land inside deletions).
 - ``--resume``: continue from the newest complete checkpoint in CKPT_DIR, or start
@@ -112,18 +112,61 @@ def build_torch():
     return trainer, lambda: {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
+def build_paddle():
+    import warnings
+
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    with warnings.catch_warnings():  # paddle warns at import when ccache is not installed
+        warnings.simplefilter("ignore")
+        import paddle
+
+    from drivetrain import Trainer, seed_everything
+
+    class MLP(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = paddle.nn.Sequential(paddle.nn.Linear(8, 32), paddle.nn.ReLU(), paddle.nn.Dropout(0.3),
+                                            paddle.nn.Linear(32, 2))
+
+        def forward(self, x, y):
+            return {"loss": paddle.nn.functional.cross_entropy(self.net(x), y)}
+
+    class Pairs(paddle.io.Dataset):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(0)
+            self.x = rng.standard_normal((96, 8)).astype(np.float32)
+            self.y = (self.x[:, 0] - self.x[:, 3] > 0).astype(np.int64)
+
+        def __len__(self) -> int:
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return {"x": self.x[i], "y": self.y[i]}
+
+    seed_everything(0)
+    loader = paddle.io.DataLoader(Pairs(), batch_size=8, shuffle=True)
+    model = MLP()
+    opt = paddle.optimizer.Adam(learning_rate=1e-2, parameters=model.parameters())
+    trainer = Trainer(model, loader, opt, driver="paddle", device="cpu", n_epochs=N_EPOCHS,
+                      accumulation_steps=ACCUMULATION, progress_bar=None)
+    return trainer, lambda: {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
+BUILDERS = {"numpy": build_numpy, "torch": build_torch, "paddle": build_paddle}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("ckpt_dir")
     parser.add_argument("out_file")
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--driver", choices=("numpy", "torch"), default="numpy")
+    parser.add_argument("--driver", choices=sorted(BUILDERS), default="numpy")
     args = parser.parse_args(argv)
 
     from drivetrain import Event
     from drivetrain._checkpoint import list_checkpoints, remove_checkpoint
 
-    trainer, final_params = build_torch() if args.driver == "torch" else build_numpy()
+    trainer, final_params = BUILDERS[args.driver]()
     slow_down_saves(float(os.environ.get("DRIVETRAIN_KILL9_SAVE_DELAY", "0")), trainer.driver)
     ckpt_dir = os.path.abspath(args.ckpt_dir)
 

@@ -22,6 +22,7 @@ ACCEPTED = (
     "or None (keep the model on the device it is on)"
 )
 SUPPORTED_TYPES = ("cpu", "cuda")
+_TENSOR = torch.Tensor  # one global lookup on the per-batch path instead of torch.Tensor's two
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -100,6 +101,12 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
     the same kind) only when something inside it moved; otherwise the very same
     object comes back, which keeps the common CPU case allocation-free.
     """
+    if type(batch) is dict:  # the usual batch, a dict of tensors already there: checked without recursion
+        for value in batch.values():
+            if type(value) is not _TENSOR or value.device != device:
+                break
+        else:
+            return batch
     if isinstance(batch, torch.Tensor):
         if batch.device == device:
             return batch

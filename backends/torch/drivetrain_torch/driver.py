@@ -32,7 +32,7 @@ FRAMEWORK_KWARGS = {
     "in the DataLoader makes it effective)",
     "set_to_none": "bool: zero_grad sets gradients to None instead of filling zeros (default True)",
 }
-_DISTRIBUTED_ONLY_KWARGS = ("ddp_kwargs", "find_unused_parameters", "backend", "init_method")
+_DISTRIBUTED_ONLY_KWARGS = ("ddp_kwargs", "timeout", "backend", "even_batches", "spawn_output")
 
 _LOW_PRECISION_FLOATS = (torch.float16, torch.bfloat16)
 
@@ -41,6 +41,7 @@ def create_driver(
     model: Any,
     device: Any,
     *,
+    nproc: int | None = None,
     precision: str = "fp32",
     grad_clip: float | None = None,
     grad_clip_type: str = "norm",
@@ -49,53 +50,59 @@ def create_driver(
 ) -> TorchSingleDriver:
     """Build the torch driver for ``model`` on ``device`` (see :mod:`drivetrain_torch._device` for devices).
 
-    ``framework_kwargs`` holds torch-only options (:data:`FRAMEWORK_KWARGS`); the
-    Trainer's ``torch_kwargs=`` arrives here under that name. A list of several
-    devices asks for data-parallel training, which belongs to the distributed torch
-    driver; a one-element list means that single device.
+    ``framework_kwargs`` holds torch-only options (:data:`FRAMEWORK_KWARGS`, plus
+    :data:`~drivetrain_torch._dist_plan.DIST_KWARGS` when distributed); the Trainer's
+    ``torch_kwargs=`` arrives here under that name. The distributed driver
+    (:class:`~drivetrain_torch.distributed.TorchDDPDriver`) is chosen when the process
+    group is already initialised, under torchrun with ``WORLD_SIZE > 1``, for a list of
+    several devices, or for ``nproc > 1``; otherwise one process drives one device (a
+    one-element device list means that device).
     """
+    check_model(model)
+    if framework_kwargs is not None and not isinstance(framework_kwargs, Mapping):
+        _check_framework_kwargs(framework_kwargs, FRAMEWORK_KWARGS)
+    from ._dist_plan import plan_distributed
+
+    plan = plan_distributed(model, device, nproc, framework_kwargs or {})
+    options = dict(precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
+                   model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
+    if plan is not None:
+        from .distributed import TorchDDPDriver
+
+        return TorchDDPDriver(model, plan, **options)
     if isinstance(device, (list, tuple)):
-        if len(device) == 1:
-            device = device[0]
-        else:
-            return _create_distributed_driver(model, device)
-    return TorchSingleDriver(
-        model,
-        device,
-        precision=precision,
-        grad_clip=grad_clip,
-        grad_clip_type=grad_clip_type,
-        model_wo_auto_param_call=model_wo_auto_param_call,
-        framework_kwargs=framework_kwargs,
-    )
+        device = device[0]
+    return TorchSingleDriver(model, device, **options)
 
 
-def _create_distributed_driver(model: Any, devices: Any) -> Driver:
-    """The hook where the distributed (torch.distributed / DDP) driver will be built."""
-    raise DriverError(
-        f"device={devices!r} asks for several devices, i.e. distributed training; distributed torch "
-        "arrives with the distributed torch driver, which this drivetrain-torch release does not include yet. "
-        "Pass a single device, e.g. device='cuda:0' or device='cpu'."
-    )
+def check_model(model: Any) -> None:
+    """The torch drivers drive ``torch.nn.Module`` instances (a DistributedDataParallel is one)."""
+    if not isinstance(model, torch.nn.Module):
+        kind = (
+            "a class; pass an instance, e.g. MyNet()"
+            if isinstance(model, type)
+            else f"a {type(model).__module__}.{type(model).__qualname__}"
+        )
+        raise DriverError(f"model={model!r:.80} is {kind}; the torch driver needs a torch.nn.Module.")
 
 
-def _check_framework_kwargs(framework_kwargs: Any) -> dict[str, Any]:
+def _check_framework_kwargs(framework_kwargs: Any, accepted: Mapping[str, str]) -> dict[str, Any]:
     if framework_kwargs is None:
         return {}
     if not isinstance(framework_kwargs, Mapping):
         raise DriverError(
-            f"torch_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(FRAMEWORK_KWARGS)}."
+            f"torch_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(accepted)}."
         )
     for key in framework_kwargs:
-        if key in FRAMEWORK_KWARGS:
+        if key in accepted:
             continue
         if key in _DISTRIBUTED_ONLY_KWARGS:
             raise DriverError(
-                f"torch_kwargs[{key!r}] applies to distributed torch training, which this single-process "
-                "driver does not do; remove it."
+                f"torch_kwargs[{key!r}] applies to distributed torch training, but this run is a single process; "
+                "remove it, or train distributed: device=[0, 1], nproc=N, or start the script with torchrun."
             )
-        accepted = "; ".join(f"{name}: {what}" for name, what in FRAMEWORK_KWARGS.items())
-        raise DriverError(f"torch_kwargs[{key!r}] is not a torch driver option; accepted: {accepted}.")
+        described = "; ".join(f"{name}: {what}" for name, what in accepted.items())
+        raise DriverError(f"torch_kwargs[{key!r}] is not a torch driver option; accepted: {described}.")
     return dict(framework_kwargs)
 
 
@@ -112,6 +119,8 @@ class TorchSingleDriver(Driver):
     name = "torch"
     capabilities = CAPABILITIES
     default_forward_name = "forward"
+    accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
+    """The ``torch_kwargs`` keys this driver understands, with what each means."""
 
     def __init__(
         self,
@@ -124,13 +133,7 @@ class TorchSingleDriver(Driver):
         model_wo_auto_param_call: bool = False,
         framework_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if not isinstance(model, torch.nn.Module):
-            kind = (
-                "a class; pass an instance, e.g. MyNet()"
-                if isinstance(model, type)
-                else f"a {type(model).__module__}.{type(model).__qualname__}"
-            )
-            raise DriverError(f"model={model!r:.80} is {kind}; the torch driver needs a torch.nn.Module.")
+        check_model(model)
         super().__init__(
             model,
             precision=precision,
@@ -138,7 +141,7 @@ class TorchSingleDriver(Driver):
             grad_clip_type=grad_clip_type,
             model_wo_auto_param_call=model_wo_auto_param_call,
         )
-        options = _check_framework_kwargs(framework_kwargs)
+        options = _check_framework_kwargs(framework_kwargs, self.accepted_kwargs)
         self.device: torch.device = resolve_device(device, model)
         self.non_blocking = _bool_option(options, "non_blocking", self.device.type == "cuda")
         self.set_to_none = _bool_option(options, "set_to_none", True)
@@ -217,6 +220,11 @@ class TorchSingleDriver(Driver):
                     "reduce it in the model, e.g. loss.mean()."
                 ) from exc
             raise
+        # Keep the last loss (and so its graph, whose saved tensors backward has already freed)
+        # until the next backward, as a hand-written loop's `loss` variable does: the graph holds
+        # the parameters' AccumulateGrad nodes, which the next forward then reuses instead of
+        # rebuilding them (~6k instructions per step for 2 parameters, GIL round trips included).
+        self._last_loss = loss
 
     @staticmethod
     def _raise_bad_loss(loss: Any) -> None:
@@ -289,8 +297,9 @@ class TorchSingleDriver(Driver):
     def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
         """A DataLoader that resumes sample-exactly when ``reproducible`` (see :mod:`._dataloader`).
 
-        Sharding (``dist="train"``/``"eval"``) belongs to the distributed torch driver;
-        this single-process driver is never asked for it and returns ``dataloader`` as is.
+        Sharding (``dist="train"``/``"eval"``) belongs to the distributed torch driver
+        (:mod:`.distributed`); this single-process driver is never asked for it and
+        returns ``dataloader`` as is.
         """
         if dist not in (None, "train", "eval"):
             raise DriverError(f"set_dist_repro_dataloader(dist={dist!r}): use None, 'train' or 'eval'.")
@@ -309,8 +318,8 @@ class TorchSingleDriver(Driver):
     def load_model_state(self, state: Mapping[str, Any]) -> None:
         _state.load_model_state(self.unwrap_model(), state)
 
-    def tensors_to_bytes(self, tensors: Mapping[str, Any]) -> bytes:
-        return _state.tensors_to_bytes(tensors)
+    def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
+        return _state.tensor_buffer(tensor)
 
     def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
         return _state.tensors_from_bytes(data)

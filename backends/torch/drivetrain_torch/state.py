@@ -1,11 +1,11 @@
 """Model state and tensor files for the torch backend, without pickle.
 
-Tensors go to disk through ``safetensors.torch``: the format holds raw bytes and
-a JSON header, so loading a file can never run code from it. safetensors refuses
-tensors that share memory (tied weights) and non-contiguous ones; :func:`tensors_to_bytes`
-stores such tensors as independent contiguous copies, and loading them back into
-the model re-ties nothing that was not tied, since ``load_state_dict`` copies into
-the existing parameters.
+Tensors go to disk as safetensors: raw bytes and a JSON header, so loading a file
+can never run code from it. The core's writer streams each tensor's memory into the
+file (:func:`tensor_buffer` hands it over); files are read with ``safetensors.torch``.
+Tensors that share memory (tied weights) are stored as independent copies, and
+loading them back re-ties nothing that was not tied, since ``load_state_dict`` copies
+into the existing parameters.
 """
 
 from __future__ import annotations
@@ -17,14 +17,19 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from drivetrain._checkpoint.safetensors_writer import array_buffer
 from drivetrain._errors import DriverError
 
 _MAX_LISTED = 10
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's ``state_dict`` as a flat ``{name: tensor}`` dict of detached tensors."""
-    return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    """The model's ``state_dict`` as a flat ``{name: tensor}`` dict.
+
+    ``state_dict()`` already holds detached views of the live tensors: no copy, so a
+    checkpoint writes the parameters straight from their memory.
+    """
+    return dict(model.state_dict())
 
 
 def _listed(names: list[str]) -> str:
@@ -73,61 +78,46 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
     model.load_state_dict(tensors, strict=True)
 
 
-def _storage_key(tensor: torch.Tensor) -> tuple[str, int] | None:
-    if tensor.numel() == 0:
-        return None
-    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+def _safetensors_dtypes() -> dict[torch.dtype, str]:
+    """torch dtype -> safetensors tag, for the dtypes this torch version has."""
+    names = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "complex64": "C64",
+             "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+             "uint64": "U64", "uint32": "U32", "uint16": "U16", "float8_e4m3fn": "F8_E4M3",
+             "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ",
+             "float8_e8m0fnu": "F8_E8M0"}
+    return {getattr(torch, name): tag for name, tag in names.items() if hasattr(torch, name)}
 
 
-def _prepare(tensors: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Detached, contiguous CPU tensors that own their memory, as safetensors requires.
+_DTYPES = _safetensors_dtypes()
 
-    Tensors that share memory with an earlier one (tied weights, views) become
-    copies: safetensors cannot express aliasing, and a copy loads back correctly.
+
+def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
+    """``(safetensors dtype, shape, bytes)`` of one tensor, for the core's streaming writer.
+
+    The bytes are a view of the tensor's own memory when it is a contiguous CPU tensor;
+    a GPU tensor is copied to the CPU and a non-contiguous one made contiguous first.
+    Tensors sharing memory (tied weights, views) need no care: each is written in
+    full, and loading copies into the model's parameters, so nothing gets re-tied.
+    Every dtype goes over as raw bytes (numpy has no bf16 or float8): bit-exact.
     """
-    if not isinstance(tensors, Mapping):
-        raise DriverError(f"save_tensors(tensors={type(tensors).__name__}) needs a dict of name -> tensor.")
-    seen: set[tuple[str, int]] = set()
-    prepared: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
-        if not isinstance(name, str):
-            raise DriverError(
-                f"save_tensors: key {name!r} is a {type(name).__name__}; tensor names must be str."
-            )
-        if isinstance(tensor, np.ndarray):
-            tensor = torch.from_numpy(np.ascontiguousarray(tensor))
-        if not isinstance(tensor, torch.Tensor):
-            raise DriverError(
-                f"save_tensors: {name!r} is a {type(tensor).__name__}, not a torch tensor; put only tensors "
-                "in a tensor file (other values belong in the checkpoint's JSON manifest)."
-            )
-        if tensor.layout != torch.strided:
-            raise DriverError(
-                f"save_tensors: {name!r} has layout {tensor.layout}; safetensors stores dense tensors only, "
-                "convert it with .to_dense() first."
-            )
-        tensor = tensor.detach()
-        key = _storage_key(tensor)
-        shared = key is not None and key in seen
-        if key is not None:
-            seen.add(key)
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()  # a fresh buffer: no longer shared
-        elif shared:
-            tensor = tensor.clone(memory_format=torch.contiguous_format)
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
-        prepared[name] = tensor
-    return prepared
-
-
-def tensors_to_bytes(tensors: Mapping[str, Any]) -> bytes:
-    """A flat ``{name: tensor}`` dict as safetensors bytes (CPU, contiguous, no pickle; bit-exact dtypes)."""
-    prepared = _prepare(tensors)
-    try:
-        return safetensors.torch.save(prepared)
-    except ValueError as exc:  # safetensors' own checks; should not trigger after the preparation above
-        raise DriverError(f"save_tensors could not serialise the tensors: {exc}") from exc
+    if isinstance(tensor, np.ndarray):
+        return array_buffer(tensor)
+    if not isinstance(tensor, torch.Tensor):
+        raise DriverError(
+            f"is a {type(tensor).__name__}, not a torch tensor; put only tensors in a tensor file (other values "
+            "belong in the checkpoint's JSON manifest)."
+        )
+    if tensor.layout != torch.strided:
+        raise DriverError(
+            f"has layout {tensor.layout}; safetensors stores dense tensors only, convert it with .to_dense() first."
+        )
+    tag = _DTYPES.get(tensor.dtype)
+    if tag is None:
+        raise DriverError(f"has dtype {tensor.dtype}, which safetensors cannot store; convert it first.")
+    shape = tuple(tensor.shape)
+    cpu = tensor.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
+    raw = cpu.reshape(-1).view(torch.uint8).numpy()  # the array keeps the tensor, hence its memory, alive
+    return tag, shape, memoryview(raw)
 
 
 def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:

@@ -13,16 +13,17 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._errors import DrivetrainError
 from .._io import fsync_dir
+from . import safetensors_writer
+from .safetensors_writer import TensorEntry
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -34,29 +35,23 @@ class CheckpointError(DrivetrainError, ValueError):
     """A checkpoint cannot be read: damaged, incomplete, too new, or for another driver."""
 
 
-def _write_and_hash(path: str, data: bytes) -> str:
-    """Write ``data`` durably while hashing it on another thread (hashlib releases the GIL)."""
-    digest: dict[str, str] = {}
-
-    def hash_it() -> None:
-        digest["sha256"] = hashlib.sha256(data).hexdigest()
-
-    hasher = threading.Thread(target=hash_it) if len(data) > (1 << 20) else None
-    if hasher is not None:
-        hasher.start()
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    if hasher is None:
-        hash_it()
-    else:
-        hasher.join()
-    return digest["sha256"]
+FileContent = bytes | Sequence[TensorEntry]
+"""What a checkpoint file holds: ready bytes, or a tensor file streamed from the tensors' memory."""
 
 
-def write_checkpoint(folder: str, files: Mapping[str, bytes], manifest: dict[str, Any]) -> str:
-    """Write ``files`` (name -> bytes) and the manifest as the folder ``folder``, atomically.
+def _write_and_hash(path: str, content: FileContent) -> tuple[str, int]:
+    """Write one file durably while hashing it on a second thread; return (sha256 hex, size)."""
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        return safetensors_writer.write_parts(path, [content])
+    return safetensors_writer.write_file(path, content)
+
+
+def write_checkpoint(folder: str, files: Mapping[str, FileContent], manifest: dict[str, Any]) -> str:
+    """Write ``files`` and the manifest as the folder ``folder``, atomically.
+
+    A file is given as bytes or as a tensor file (a list of ``(name, dtype, shape,
+    buffer)``, see :mod:`.safetensors_writer`), which is written as safetensors straight
+    from the tensors' memory; either way its sha256 and size go into the manifest.
 
     An existing ``folder`` is replaced only once the new one is complete.
     """
@@ -68,8 +63,9 @@ def write_checkpoint(folder: str, files: Mapping[str, bytes], manifest: dict[str
     try:
         os.mkdir(tmp)
         records = {}
-        for current, data in files.items():
-            records[current] = {"sha256": _write_and_hash(os.path.join(tmp, current), data), "size": len(data)}
+        for current, content in files.items():
+            sha256, size = _write_and_hash(os.path.join(tmp, current), content)
+            records[current] = {"sha256": sha256, "size": size}
         current = MANIFEST
         body = dict(manifest, format_version=FORMAT_VERSION, created=time.time(), files=records)
         _write_and_hash(os.path.join(tmp, MANIFEST), json.dumps(body, indent=1, sort_keys=True).encode())

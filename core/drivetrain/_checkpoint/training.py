@@ -25,7 +25,7 @@ from .._errors import DrivetrainError
 from .._seed import capture_host_rng, restore_host_rng
 from .._version import __version__
 from .codec import StateEncodingError, join_state, split_state
-from .folder import CheckpointError, LoadedCheckpoint
+from .folder import CheckpointError, FileContent, LoadedCheckpoint
 
 MODEL_FILE = "model.safetensors"
 STATE_TENSORS = "training_state.safetensors"
@@ -51,8 +51,11 @@ def process_state(driver: Driver) -> dict[str, Any]:
 
 def build_checkpoint(driver: Driver, position: Position, *, callback_states: Mapping[str, Any],
                      sampler_state: Any, process_states: list[dict[str, Any]], allow_pickle: bool,
-                     extra: Mapping[str, Any]) -> tuple[dict[str, bytes], dict[str, Any]]:
+                     extra: Mapping[str, Any]) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """Serialise everything the trainer needs to resume; returns (files, manifest fields).
+
+    Tensor files are returned as views of the tensors (see ``Driver.tensor_file``), written
+    by ``write_checkpoint`` straight from memory; nothing may change them until then.
 
     ``process_states`` holds :func:`process_state` of every rank, in rank order.
     """
@@ -82,8 +85,8 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
     skeleton["sampler"] = sampler_state
     skeleton["position"] = position.__dict__
     files = {
-        MODEL_FILE: driver.tensors_to_bytes(driver.model_state()),
-        STATE_TENSORS: driver.tensors_to_bytes(tensors),
+        MODEL_FILE: driver.tensor_file(driver.model_state()),
+        STATE_TENSORS: driver.tensor_file(tensors),
         STATE_JSON: json.dumps(skeleton).encode(),
     }
     if pickled:
@@ -99,9 +102,9 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
     return files, manifest
 
 
-def build_model_checkpoint(driver: Driver) -> tuple[dict[str, bytes], dict[str, Any]]:
+def build_model_checkpoint(driver: Driver) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """A weights-only folder: the model file and a manifest of kind ``model``."""
-    files = {MODEL_FILE: driver.tensors_to_bytes(driver.model_state())}
+    files = {MODEL_FILE: driver.tensor_file(driver.model_state())}
     manifest = {"drivetrain_version": __version__, "driver": driver.name,
                 "framework_version": driver.framework_version(), "kind": "model", "pickle": False}
     return files, manifest

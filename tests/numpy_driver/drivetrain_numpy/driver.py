@@ -9,6 +9,7 @@ import numpy as np
 import safetensors.numpy
 
 from drivetrain import Driver, DriverError, ReproducibleBatchSampler
+from drivetrain._checkpoint.safetensors_writer import array_buffer
 
 from .data import ArrayLoader
 from .model import LinearModel, NumpyLoss
@@ -78,7 +79,7 @@ class NumpyDriver(Driver):
         return isinstance(obj, (np.ndarray, NumpyLoss))
 
     def model_state(self) -> dict[str, Any]:
-        return {k: v.copy() for k, v in self.model.params.items()}
+        return dict(self.model.params)  # the live arrays: a checkpoint writes them without a copy
 
     def load_model_state(self, state: Mapping[str, Any]) -> None:
         params = self.model.params
@@ -87,8 +88,10 @@ class NumpyDriver(Driver):
         for k, v in state.items():
             params[k][...] = v
 
-    def tensors_to_bytes(self, tensors: Mapping[str, Any]) -> bytes:
-        return safetensors.numpy.save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
+    def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
+        if not isinstance(tensor, np.ndarray):
+            raise DriverError(f"is a {type(tensor).__name__}, not a numpy array.")
+        return array_buffer(tensor)
 
     def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
         return safetensors.numpy.load(data)

@@ -1,0 +1,401 @@
+"""The single-process paddle driver and the factory the plugin points at.
+
+:func:`create_driver` validates every argument up front (device, model, precision,
+framework options) so a wrong input fails when the Trainer is built, not in the
+middle of the first epoch. The per-batch methods (``move_data_to_device``,
+``auto_cast``, ``backward``, ``step``, ``zero_grad``) do as little as possible.
+
+paddle keeps a process-wide current device: :meth:`PaddleSingleDriver.setup` sets it
+(``paddle.set_device``) so that tensors the model creates in ``forward`` land on the
+driver's device, and moves the model there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import paddle
+
+from drivetrain._driver import Driver
+from drivetrain._errors import DriverError
+
+from . import _rng
+from . import state as _state
+from ._dataloader import check_workers_and_tensors, reproducible_dataloader
+from ._device import Device, Mover, resolve_device
+from .plugin import CAPABILITIES
+from .precision import SCALER_KWARGS, Precision
+from .static import StaticTraining, quiet
+
+FRAMEWORK_KWARGS: dict[str, str] = {
+    "amp_level": "'O1' (default) or 'O2': paddle.amp.auto_cast level for precision='fp16'/'bf16'",
+    **SCALER_KWARGS,
+    "to_static": "bool: train through paddle.jit.to_static (a static program) instead of eager mode",
+    "input_spec": "list of paddle.static.InputSpec for to_static, one per forward parameter in order",
+    "full_graph": "bool (default True): to_static converts the whole forward (True) or falls back to eager "
+    "code where it cannot (False, paddle's SOT mode)",
+    "set_to_zero": "bool (default False): zero_grad fills gradients with zeros instead of releasing them",
+}
+_SCALER_KEYS = frozenset(SCALER_KWARGS)
+_DISTRIBUTED_ONLY_KWARGS = ("fleet", "strategy", "dist_strategy", "find_unused_parameters", "backend",
+                            "init_method", "group")
+
+_LOW_PRECISION_FLOATS = (paddle.float16, paddle.bfloat16)
+
+
+def create_driver(
+    model: Any,
+    device: Any,
+    *,
+    precision: str = "fp32",
+    grad_clip: float | None = None,
+    grad_clip_type: str = "norm",
+    model_wo_auto_param_call: bool = False,
+    framework_kwargs: Mapping[str, Any] | None = None,
+) -> PaddleSingleDriver:
+    """Build the paddle driver for ``model`` on ``device`` (see :mod:`drivetrain_paddle._device` for devices).
+
+    ``framework_kwargs`` holds paddle-only options (:data:`FRAMEWORK_KWARGS`); the
+    Trainer's ``paddle_kwargs=`` arrives here under that name. A list of several
+    devices asks for data-parallel training, which belongs to the distributed paddle
+    driver; a one-element list means that single device.
+    """
+    if isinstance(device, (list, tuple)):
+        if len(device) == 1:
+            device = device[0]
+        else:
+            return _create_distributed_driver(model, device)
+    return PaddleSingleDriver(
+        model,
+        device,
+        precision=precision,
+        grad_clip=grad_clip,
+        grad_clip_type=grad_clip_type,
+        model_wo_auto_param_call=model_wo_auto_param_call,
+        framework_kwargs=framework_kwargs,
+    )
+
+
+def _create_distributed_driver(model: Any, devices: Any) -> Driver:
+    """The hook where the distributed (paddle.distributed / fleet) driver will be built."""
+    raise DriverError(
+        f"device={devices!r} asks for several devices, i.e. distributed training; distributed paddle comes "
+        "with the paddle distributed driver, which this drivetrain-paddle release does not include yet. "
+        "Pass a single device, e.g. device='gpu:0' or device='cpu'."
+    )
+
+
+def _check_framework_kwargs(framework_kwargs: Any) -> dict[str, Any]:
+    if framework_kwargs is None:
+        return {}
+    if not isinstance(framework_kwargs, Mapping):
+        raise DriverError(
+            f"paddle_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(FRAMEWORK_KWARGS)}."
+        )
+    for key in framework_kwargs:
+        if key in FRAMEWORK_KWARGS:
+            continue
+        if key in _DISTRIBUTED_ONLY_KWARGS:
+            raise DriverError(
+                f"paddle_kwargs[{key!r}] applies to distributed paddle training, which this single-process "
+                "driver does not do; remove it."
+            )
+        accepted = "; ".join(f"{name}: {what}" for name, what in FRAMEWORK_KWARGS.items())
+        raise DriverError(f"paddle_kwargs[{key!r}] is not a paddle driver option; accepted: {accepted}.")
+    return dict(framework_kwargs)
+
+
+def _bool_option(options: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = options.get(key, default)
+    if not isinstance(value, bool):
+        raise DriverError(f"paddle_kwargs[{key!r}]={value!r} must be True or False.")
+    return value
+
+
+class PaddleSingleDriver(Driver):
+    """Drives a ``paddle.nn.Layer`` in one process on one device (the CPU or one GPU)."""
+
+    name = "paddle"
+    capabilities = CAPABILITIES
+    default_forward_name = "forward"
+
+    def __init__(
+        self,
+        model: Any,
+        device: Any,
+        *,
+        precision: str = "fp32",
+        grad_clip: float | None = None,
+        grad_clip_type: str = "norm",
+        model_wo_auto_param_call: bool = False,
+        framework_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(model, paddle.nn.Layer):
+            kind = (
+                "a class; pass an instance, e.g. MyNet()"
+                if isinstance(model, type)
+                else f"a {type(model).__module__}.{type(model).__qualname__}"
+            )
+            raise DriverError(f"model={model!r:.80} is {kind}; the paddle driver needs a paddle.nn.Layer.")
+        super().__init__(
+            model,
+            precision=precision,
+            grad_clip=grad_clip,
+            grad_clip_type=grad_clip_type,
+            model_wo_auto_param_call=model_wo_auto_param_call,
+        )
+        options = _check_framework_kwargs(framework_kwargs)
+        self.device: Device = resolve_device(device, model)
+        self._move = Mover(self.device)
+        self.set_to_zero = _bool_option(options, "set_to_zero", False)
+        self._precision = Precision(precision, self.device, options.get("amp_level"),
+                                    {k: v for k, v in options.items() if k in _SCALER_KEYS})
+        self.grad_scaler = self._precision.scaler
+        self.static: StaticTraining | None = None
+        if _bool_option(options, "to_static", False):
+            self.static = StaticTraining(model, options.get("input_spec"), _bool_option(options, "full_graph", True))
+        elif "input_spec" in options or "full_graph" in options:
+            raise DriverError(
+                "paddle_kwargs['input_spec'] / ['full_graph'] configure static-graph training, but to_static is "
+                "not True; add 'to_static': True or remove them (for an inference model use "
+                "drivetrain_paddle.export_inference_model)."
+            )
+        self._params: list[Any] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self) -> None:
+        """Make the device paddle's current one, move the model there, then apply O2 and to_static.
+
+        ``Layer.to`` keeps parameter identity, so optimizers built before stay valid.
+        """
+        paddle.set_device(self.device.name)
+        if any(not self._move.in_place(p) for p in self.model.parameters()) or any(
+                not self._move.in_place(b) for b in self.model.buffers()):
+            self.model.to(device=self.device.name)
+        self._precision.decorate(self.model, self.optimizers)
+        if self.static is not None:
+            self.static.convert()
+
+    # ---------------------------------------------------------------------- model
+    def get_model_call_fn(self, fn_name: str | None, default: str = "train_step") -> tuple[Callable, Callable]:
+        fn, signature_fn = super().get_model_call_fn(fn_name, default)
+        if self.static is not None and fn is self.model:
+            signature_fn = self.static.forward  # the converted forward has no inspectable signature
+        return fn, signature_fn
+
+    def model_call(self, batch: Any, fn: Callable, signature_fn: Callable | None) -> Any:
+        if self.static is None:
+            return super().model_call(batch, fn, signature_fn)
+        if fn is self.model and isinstance(batch, Mapping) and not self.model_wo_auto_param_call:
+            self.static.check_batch(batch)
+        with quiet():
+            return super().model_call(batch, fn, signature_fn)
+
+    def set_model_mode(self, mode: str) -> None:
+        if mode == "train":
+            self.model.train()
+        elif mode == "eval":
+            self.model.eval()
+        else:
+            raise DriverError(f"set_model_mode(mode={mode!r}) accepts 'train' or 'eval'.")
+
+    def no_grad(self) -> contextlib.AbstractContextManager:
+        return paddle.no_grad()
+
+    def auto_cast(self) -> contextlib.AbstractContextManager:
+        return self._precision.autocast()
+
+    # --------------------------------------------------------------- optimisation
+    def _check_optimizer(self, optimizer: Any) -> str | None:
+        if isinstance(optimizer, type):
+            return (
+                "is a class, not an optimizer; create one from the model's parameters, "
+                "e.g. paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())."
+            )
+        if not isinstance(optimizer, paddle.optimizer.Optimizer):
+            framework = (type(optimizer).__module__ or "").split(".")[0]
+            origin = f" (a {framework} object)" if framework and framework not in ("builtins", "paddle") else ""
+            return (
+                f"is not a paddle.optimizer.Optimizer{origin}; the paddle driver needs a paddle optimizer, "
+                "e.g. paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())."
+            )
+        own = {id(p) for p in self.unwrap_model().parameters()}
+        params = _state.parameters_of(optimizer)
+        if not params:
+            return (
+                "has no parameters; build it with parameters=model.parameters() (in eager mode paddle "
+                "optimizers update only the parameters they were given)."
+            )
+        if not any(id(p) in own for p in params):
+            return (
+                f"none of its {len(params)} parameter(s) belong to the model {type(self.unwrap_model()).__name__}, "
+                "so stepping it would never change the model. Was it built from another model instance "
+                "(e.g. before the model was re-created or deep-copied)? Build it with "
+                "parameters=model.parameters() of this model."
+            )
+        return None
+
+    def set_optimizers(self, optimizers: Any) -> None:
+        super().set_optimizers(optimizers)
+        seen: set[int] = set()
+        self._params = []
+        for optimizer in self.optimizers:  # for clipping: every trainable parameter once
+            for param in _state.parameters_of(optimizer):
+                if id(param) not in seen and not param.stop_gradient:
+                    seen.add(id(param))
+                    self._params.append(param)
+
+    def backward(self, loss: Any) -> None:
+        if not isinstance(loss, paddle.Tensor) or loss.stop_gradient:
+            self._raise_bad_loss(loss)
+        if loss.ndim and loss.size != 1:  # ndim first: size costs microseconds, a 0-d loss is the usual
+            raise DriverError(
+                f"the model's output 'loss' has shape {list(loss.shape)}; backward needs a single number: "
+                "reduce it in the model, e.g. loss.mean()."
+            )
+        if self.grad_scaler is not None:
+            self.grad_scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    @staticmethod
+    def _raise_bad_loss(loss: Any) -> None:
+        if not isinstance(loss, paddle.Tensor):
+            raise DriverError(
+                f"the model's output 'loss' is a {type(loss).__name__} ({loss!r:.60}), not a paddle tensor; "
+                "return the loss tensor itself (do not call .item() or float() on it)."
+            )
+        raise DriverError(
+            "the model's output 'loss' does not require grad (stop_gradient=True): did you compute it under "
+            "paddle.no_grad() or detach it? (Also check that the model has trainable parameters.)"
+        )
+
+    def _clip_gradients(self) -> None:
+        if self.grad_clip_type == "norm":
+            paddle.nn.utils.clip_grad_norm_(self._params, self.grad_clip)
+        else:
+            paddle.nn.utils.clip_grad_value_(self._params, self.grad_clip)
+
+    def step(self) -> None:
+        scaler = self.grad_scaler
+        if scaler is None:
+            if self.grad_clip is not None:
+                self._clip_gradients()
+            for optimizer in self.optimizers:
+                optimizer.step()
+            return
+        if self.grad_clip is not None:
+            for optimizer in self.optimizers:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+            self._clip_gradients()
+        for optimizer in self.optimizers:
+            scaler.step(optimizer)
+        scaler.update()
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.clear_grad(set_to_zero=self.set_to_zero)
+
+    # ----------------------------------------------------------------------- data
+    def move_data_to_device(self, batch: Any) -> Any:
+        return self._move(batch)
+
+    def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
+        if not isinstance(tensor, paddle.Tensor):
+            return np.asarray(tensor)
+        if tensor.dtype in _LOW_PRECISION_FLOATS or tensor.dtype in (paddle.float8_e4m3fn, paddle.float8_e5m2):
+            tensor = tensor.astype(paddle.float32)  # numpy has no bfloat16 / float8
+        return tensor.detach().numpy()  # always a host copy
+
+    def is_tensor(self, obj: Any) -> bool:
+        return isinstance(obj, paddle.Tensor)
+
+    def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
+        if isinstance(dataloader, paddle.io.DataLoader):
+            check_workers_and_tensors(dataloader, argument)
+            return
+        if isinstance(dataloader, paddle.io.Dataset) and not hasattr(dataloader, "__iter__"):
+            raise DriverError(
+                f"{argument}={type(dataloader).__name__} is a Dataset, not a dataloader; wrap it, e.g. "
+                "paddle.io.DataLoader(dataset, batch_size=32, shuffle=True)."
+            )
+        super().check_dataloader_legality(dataloader, argument)
+
+    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
+        """A DataLoader that resumes sample-exactly when ``reproducible`` (see :mod:`._dataloader`)."""
+        if dist is not None:
+            raise DriverError(
+                f"set_dist_repro_dataloader(dist={dist!r}): sharding data across processes needs the distributed "
+                "paddle driver; distributed paddle comes with the paddle distributed driver, which this "
+                "drivetrain-paddle release does not include yet."
+            )
+        if not reproducible:
+            return dataloader
+        return reproducible_dataloader(dataloader)
+
+    # ---------------------------------------------------------------------- state
+    def model_state(self) -> dict[str, Any]:
+        return _state.model_state(self.unwrap_model())
+
+    def load_model_state(self, state: Mapping[str, Any]) -> None:
+        _state.load_model_state(self.unwrap_model(), state)
+
+    def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
+        return _state.tensor_buffer(tensor)
+
+    def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
+        return _state.tensors_from_bytes(data)
+
+    def seed(self, seed: int) -> None:
+        paddle.seed(seed)  # the CPU generator and every GPU's
+
+    # ------------------------------------------------- training state (checkpoints)
+    def optimizer_states(self) -> list[Any]:
+        model = self.unwrap_model()
+        return [_state.optimizer_state(model, opt, f"optimizer_states()[{i}]") for i, opt in enumerate(self.optimizers)]
+
+    def load_optimizer_states(self, states: list[Any]) -> None:
+        """Load each state into the optimizer at the same position (see :func:`.state.load_optimizer_state`)."""
+        if not isinstance(states, (list, tuple)):
+            raise DriverError(
+                f"load_optimizer_states(states={type(states).__name__}) needs the list optimizer_states() returns."
+            )
+        if len(states) != len(self.optimizers):
+            raise DriverError(
+                f"the checkpoint holds {len(states)} optimizer state(s) but the trainer has {len(self.optimizers)} "
+                "optimizer(s); pass the same optimizers as the run that saved it."
+            )
+        model = self.unwrap_model()
+        for i, (optimizer, state) in enumerate(zip(self.optimizers, states, strict=True)):
+            _state.load_optimizer_state(model, optimizer, state, f"optimizer_states[{i}]")
+
+    def gradient_state(self) -> dict[str, Any]:
+        return _state.gradient_state(self.unwrap_model())
+
+    def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
+        _state.load_gradient_state(self.unwrap_model(), grads)
+
+    def precision_state(self) -> Any:
+        return self._precision.state()
+
+    def load_precision_state(self, state: Any) -> None:
+        self._precision.load_state(state)
+
+    def rng_state(self) -> dict[str, Any]:
+        return _rng.rng_state(include_gpu=self.device.kind == "gpu")
+
+    def load_rng_state(self, state: Mapping[str, Any]) -> None:
+        _rng.load_rng_state(state)
+
+    def framework_version(self) -> str:
+        return str(paddle.__version__)
+
+    # ----------------------------------------------------------------- describing
+    def describe(self) -> str:
+        effective = "" if self._precision.enabled or self.precision == "fp32" else " (runs in fp32 on CPU)"
+        static = " static graph (to_static)" if self.static is not None else ""
+        return (f"paddle driver (PaddleSingleDriver) device={self.device} precision={self.precision}{effective}"
+                f"{static} paddle={paddle.__version__}")

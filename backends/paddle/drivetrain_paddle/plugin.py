@@ -1,0 +1,59 @@
+"""Entry point of the paddle backend: describes its driver without importing paddle.
+
+The ``drivetrain`` entry-point group points here; the core calls
+:func:`drivetrain_driver_specs` during discovery, so this module must stay light
+(it imports only the core). The driver itself is built by the lazy ``factory``.
+"""
+
+from __future__ import annotations
+
+from drivetrain import CONTRACT_VERSION, Capabilities, DriverSpec, hookimpl
+
+TESTED_PADDLE = "3.3.1"
+
+INSTALL = f'pip install "drivetrain[paddle]" paddlepaddle=={TESTED_PADDLE}'
+"""The command in "not installed" messages; GPU users install paddlepaddle-gpu instead (docs, device errors)."""
+
+CAPABILITIES = Capabilities(
+    precisions=("fp32", "fp16", "bf16"),
+    distributed=(),
+    devices=("cpu", "gpu"),
+    notes={
+        "devices": "cpu, gpu, gpu:N (aliases: cuda, cuda:N, an int N); None keeps the model where it is. "
+        "GPUs need the paddlepaddle-gpu build. XPU and other custom devices are not supported.",
+        "fp16": "paddle.amp.auto_cast (level O1, or O2 with paddle.amp.decorate) plus paddle.amp.GradScaler, "
+        "on CUDA GPUs. Paddle has no float16 kernels on CPU: on CPU the driver warns once and trains in fp32.",
+        "bf16": "paddle.amp.auto_cast with bfloat16 on GPUs that support it (Ampere or newer). Paddle has no "
+        "bfloat16 kernels on CPU: on CPU the driver warns once and trains in fp32.",
+        "static graph": "paddle_kwargs={'to_static': True, 'input_spec': [...]} trains through "
+        "paddle.jit.to_static; drivetrain_paddle.export_inference_model saves a paddle inference model.",
+        "distributed": "Single process only in this release; the paddle.distributed (fleet) driver comes later.",
+        "serialization": "Tensors are saved with safetensors (no pickle); optimizer states are keyed by the "
+        "model's structured parameter names, never by paddle's global names such as linear_0.w_0.",
+    },
+)
+
+
+@hookimpl
+def drivetrain_driver_specs() -> list[DriverSpec]:
+    """The paddle driver's description; the factory is imported only when it is chosen."""
+    return [
+        DriverSpec(
+            name="paddle",
+            framework="paddle",
+            factory="drivetrain_paddle.driver:create_driver",
+            model_modules=("paddle",),
+            capabilities=CAPABILITIES,
+            distribution="drivetrain-paddle",
+            install=INSTALL,
+            contract_versions=(CONTRACT_VERSION,),
+            seed_function="drivetrain_paddle.plugin:seed_paddle",
+        )
+    ]
+
+
+def seed_paddle(seed: int) -> None:
+    """Seed paddle's generators, CPU and every GPU (called by ``seed_everything`` once paddle is imported)."""
+    import paddle
+
+    paddle.seed(seed)

@@ -1,0 +1,163 @@
+"""Mixed precision for the paddle backend: ``paddle.amp.auto_cast``, ``paddle.amp.decorate`` and ``GradScaler``.
+
+``fp16`` runs the forward under ``paddle.amp.auto_cast(dtype="float16")`` and scales
+the loss with a ``paddle.amp.GradScaler`` (its settings are Wenxin's:
+``init_loss_scaling``, ``incr_ratio``, ``decr_ratio``, ``incr_every_n_steps``,
+``decr_every_n_nan_or_inf``). ``bf16`` uses bfloat16 and no scaler (bf16 has fp32's
+exponent range). ``amp_level="O1"`` (default) casts per op from paddle's lists;
+``"O2"`` casts the parameters too (``paddle.amp.decorate``) with fp32 master weights in
+the optimizer.
+
+On the CPU paddle has no float16 or bfloat16 kernels: ``auto_cast`` silently does
+nothing and ``GradScaler`` disables itself. The driver says so once, with a warning,
+and trains in fp32 -- it does not pretend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import paddle
+
+from drivetrain._errors import DriverError
+
+from ._device import Device
+
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+AMP_LEVELS = ("O1", "O2")
+SCALER_KWARGS: dict[str, str] = {
+    "init_loss_scaling": "float > 0: the initial loss scale (paddle's default 65536.0; Wenxin used 1.0)",
+    "incr_ratio": "float > 1: multiplier when the scale grows",
+    "decr_ratio": "float in (0, 1): multiplier when the scale shrinks",
+    "incr_every_n_steps": "int >= 1: grow the scale after this many steps with finite gradients",
+    "decr_every_n_nan_or_inf": "int >= 1: shrink the scale after this many steps with inf/nan gradients",
+    "use_dynamic_loss_scaling": "bool: adapt the scale (True) or keep it fixed (False)",
+}
+
+
+def _check_scaler_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    checked: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key == "use_dynamic_loss_scaling":
+            ok = isinstance(value, bool)
+        elif key in ("incr_every_n_steps", "decr_every_n_nan_or_inf"):
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        elif key == "incr_ratio":
+            ok = number and value > 1
+        elif key == "decr_ratio":
+            ok = number and 0 < value < 1
+        else:  # init_loss_scaling
+            ok = number and value > 0
+        if not ok:
+            raise DriverError(f"paddle_kwargs[{key!r}]={value!r} is not accepted; it must be {SCALER_KWARGS[key]}.")
+        checked[key] = value
+    return checked
+
+
+class Precision:
+    """The autocast factory, optional GradScaler and O2 decoration for one precision on one device."""
+
+    def __init__(self, precision: str, device: Device, amp_level: str | None = None,
+                 scaler_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.precision = precision
+        self.dtype = _DTYPES.get(precision)
+        self.scaler: Any = None
+        self._null = contextlib.nullcontext()
+        self._make_autocast: Any = None
+        scaler_kwargs = dict(scaler_kwargs or {})
+        if self.dtype is None:
+            if amp_level is not None or scaler_kwargs:
+                given = sorted(({"amp_level"} if amp_level is not None else set()) | set(scaler_kwargs))
+                raise DriverError(
+                    f"paddle_kwargs {given} configure mixed precision, but precision='fp32'; pass fp16=True or "
+                    "precision='fp16'/'bf16', or remove them."
+                )
+            self.level = None
+            self.enabled = False
+            return
+        level = "O1" if amp_level is None else amp_level
+        if level not in AMP_LEVELS:
+            raise DriverError(
+                f"paddle_kwargs['amp_level']={amp_level!r} is not accepted; use 'O1' (cast per op, default) or "
+                "'O2' (fp16/bf16 parameters with fp32 master weights)."
+            )
+        if scaler_kwargs and precision != "fp16":
+            raise DriverError(
+                f"paddle_kwargs {sorted(scaler_kwargs)} set the fp16 loss scaler, but precision={precision!r} "
+                "needs no scaler (bfloat16 has fp32's range); remove them or use precision='fp16'."
+            )
+        scaler_kwargs = _check_scaler_kwargs(scaler_kwargs)
+        self.level = level
+        self.enabled = device.kind == "gpu"
+        if not self.enabled:
+            warnings.warn(
+                f"precision={precision!r} on CPU: paddle has no {self.dtype} kernels on the CPU "
+                "(paddle.amp.auto_cast does nothing there), so this run trains in fp32. Use a GPU for mixed "
+                "precision, or precision='fp32' to silence this warning.",
+                UserWarning,
+                stacklevel=4,
+            )
+            return
+        place = device.place()
+        supported = (paddle.amp.is_float16_supported(place) if precision == "fp16"
+                     else paddle.amp.is_bfloat16_supported(place))
+        if not supported:
+            raise DriverError(
+                f"precision={precision!r} on {device}: paddle reports no {self.dtype} support on this GPU "
+                + ("(bfloat16 needs compute capability 8.0, Ampere, or newer); use precision='fp16'."
+                   if precision == "bf16" else "; use precision='fp32'.")
+            )
+        self._make_autocast = functools.partial(paddle.amp.auto_cast, enable=True, level=level, dtype=self.dtype)
+        if precision == "fp16":
+            self.scaler = paddle.amp.GradScaler(enable=True, **scaler_kwargs)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """A context that runs the forward in this precision (a shared no-op for fp32 and on the CPU)."""
+        if self._make_autocast is None:
+            return self._null
+        return self._make_autocast()
+
+    def decorate(self, model: paddle.nn.Layer, optimizers: list[Any]) -> None:
+        """Level O2: cast the model's parameters to fp16/bf16 and give the optimizers fp32 master weights."""
+        if not self.enabled or self.level != "O2":
+            return
+        paddle.amp.decorate(models=model, optimizers=optimizers or None, level="O2", dtype=self.dtype)
+
+    def state(self) -> dict[str, Any] | None:
+        """The GradScaler's state (scale, counters, settings: numbers and a 1-element array) under fp16."""
+        return None if self.scaler is None else dict(self.scaler.state_dict())
+
+    def load_state(self, state: Any) -> None:
+        """Restore :meth:`state`, so the resumed run scales (and skips overflowing steps) exactly as before."""
+        if state is None:
+            if self.scaler is not None:
+                warnings.warn(
+                    "the checkpoint has no grad scaler state (it was not saved with precision='fp16' on a GPU); "
+                    "this run starts a fresh GradScaler, so its first steps may differ from a continued run.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return
+        if not isinstance(state, Mapping):
+            raise DriverError(
+                f"load_precision_state(state={type(state).__name__}) needs the dict returned by precision_state()."
+            )
+        if self.scaler is None:
+            if state:
+                warnings.warn(
+                    f"the checkpoint holds a grad scaler state (saved with precision='fp16' on a GPU) but this run "
+                    f"uses precision={self.precision!r}{'' if self.enabled or self.dtype is None else ' on CPU'}, "
+                    "which has no scaler; the state is ignored.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return
+        missing = sorted({"scale", "incr_count", "decr_count"} - set(state))
+        if missing:
+            raise DriverError(f"load_precision_state: not a GradScaler state (missing {missing}).")
+        self.scaler.load_state_dict(dict(state))

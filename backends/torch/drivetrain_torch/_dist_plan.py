@@ -1,0 +1,394 @@
+"""Which process layout a torch Trainer asks for: decided once, from ``device=``, ``nproc=`` and the environment.
+
+Four ways to end up distributed, checked in this order:
+
+- ``existing``: the user called ``torch.distributed.init_process_group`` (and maybe
+  wrapped the model in DDP) before building the Trainer; that group is used as is;
+- ``env``: ``torchrun`` (or anything that sets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/
+  ``MASTER_PORT``) started this process as one of ``WORLD_SIZE > 1``;
+- ``spawned``: like ``env``, for a process the Trainer itself started (``spawn``);
+- ``spawn``: ``device=[0, 1]`` or ``nproc=2`` in a plain ``python train.py``: this
+  process becomes rank 0 and starts the others by re-running its command line.
+
+Everything here is validation and arithmetic (no process group is created), so a
+wrong combination fails in the first process, before any other is started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from drivetrain._errors import DriverError
+
+from ._device import model_device, resolve_device
+
+SPAWN_PARENT_ENV = "DRIVETRAIN_SPAWN_PARENT"
+"""Set in the environment of processes the Trainer started; holds the parent's pid."""
+
+DEFAULT_TIMEOUT = 60.0
+
+DIST_KWARGS = {
+    "timeout": "seconds (default 60): how long a collective or the start-up waits for the other processes; "
+    "also the bound on how long a process outlives a failed or stuck peer",
+    "ddp_kwargs": "dict passed to torch.nn.parallel.DistributedDataParallel (e.g. find_unused_parameters=True)",
+    "backend": "'gloo' or 'nccl' (default: gloo on CPU, nccl on CUDA)",
+    "even_batches": "bool (default False): True refuses a training set whose last global batch would be "
+    "padded with repeated samples (use drop_last=True or a divisible size)",
+    "spawn_output": "'inherit' (default) or 'prefix': output of the processes the Trainer starts; 'prefix' "
+    "starts each of their lines with [rank N]",
+}
+SPAWN_OUTPUTS = ("inherit", "prefix")
+BACKENDS = ("gloo", "nccl")
+_DDP_RESERVED = ("module", "device_ids", "output_device", "process_group")
+
+_TORCHRUN_HINT = ("start every process with torchrun (torchrun --nproc_per_node N train.py), which sets RANK, "
+                  "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistPlan:
+    """One process's place in a distributed run and the options it runs with."""
+
+    launch: str
+    """``"existing"``, ``"env"``, ``"spawned"`` or ``"spawn"`` (see the module docstring)."""
+    world_size: int
+    rank: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    timeout: float
+    ddp_kwargs: dict[str, Any]
+    even_batches: bool
+    spawn_output: str
+    master: tuple[str, int] | None = None
+    """(address, port) of the rendezvous store for ``env``/``spawned``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Env:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master: tuple[str, int] | None
+    spawned: bool
+
+
+def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
+    """The distributed layout asked for, or None for one process (the single-device driver)."""
+    if nproc is not None and (not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1):
+        raise DriverError(f"nproc={nproc!r} is not accepted; it must be an int >= 1 (the number of processes).")
+    listed = isinstance(device, (list, tuple))
+    if listed and not device:
+        raise DriverError("device=[] is empty; pass one device, or a list of the GPUs to train on, e.g. [0, 1].")
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return _existing_plan(model, device, nproc, options)
+    env = _read_env()
+    if env is not None and (env.world_size > 1 or env.spawned):
+        _check_count(nproc, env.world_size, "WORLD_SIZE")
+        if listed and len(device) != env.local_world_size:
+            raise DriverError(
+                f"device={list(device)!r} lists {len(device)} device(s) but this machine runs "
+                f"{env.local_world_size} process(es) (LOCAL_WORLD_SIZE); list one device per process, or pass "
+                "device='cuda' to give each process the GPU of its LOCAL_RANK."
+            )
+        return _make_plan("spawned" if env.spawned else "env", model, device, env.rank, env.world_size,
+                          env.local_rank, env.local_world_size, options, env.master)
+    wanted = len(device) if listed else 1
+    if nproc is not None and listed and nproc != len(device) and len(device) > 1:
+        raise DriverError(
+            f"nproc={nproc} but device={list(device)!r} lists {len(device)} devices; one process runs per "
+            "listed device, so drop nproc or make the two agree."
+        )
+    wanted = max(wanted, nproc or 1)
+    if env is not None and wanted > 1:  # torchrun with a single process, but more were asked for
+        _check_count(wanted, env.world_size, "WORLD_SIZE")
+    if wanted == 1:
+        return None
+    if listed and len(device) == 1:
+        device = device[0]
+    if listed:
+        _check_device_list(device)
+    else:
+        _check_spawn_device(device, wanted, model)
+    if not dist.is_available():
+        raise DriverError(
+            f"distributed training (device={device!r}, nproc={nproc!r}) needs torch.distributed, which this "
+            f"torch build ({torch.__version__}) does not include; train in one process."
+        )
+    return _make_plan("spawn", model, device, 0, wanted, 0, wanted, options, None)
+
+
+# ----------------------------------------------------------------------------- layouts
+def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan:
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    _check_count(nproc, world, "the world size of the process group you initialised")
+    for key in ("timeout", "backend"):
+        if key in options:
+            raise DriverError(
+                f"torch_kwargs[{key!r}] applies when drivetrain creates the process group, but "
+                "torch.distributed.init_process_group was already called; pass it there instead, or remove it."
+            )
+    local_rank = _env_int("LOCAL_RANK", rank)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    if device is None:
+        device = _default_device_of(inner)
+    plan = _make_plan("existing", inner, device, rank, world, local_rank, local_world, options, None,
+                      backend=str(dist.get_backend()))
+    if inner is not model:
+        where = model_device(inner)
+        if where.type != plan.device.type or (where.type == "cuda" and where.index != plan.device.index):
+            raise DriverError(
+                f"the model is a DistributedDataParallel on {where} but device={device!r} means {plan.device} "
+                f"for this process; pass device=None (use the model's device) or device='{where}'."
+            )
+    return plan
+
+
+def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, local_rank: int, local_world: int,
+               options: Mapping[str, Any], master: tuple[str, int] | None, backend: str | None = None) -> DistPlan:
+    resolved = _device_for_rank(device, model, local_rank, local_world)
+    if backend is None:
+        backend = options.get("backend", "nccl" if resolved.type == "cuda" else "gloo")
+        if backend not in BACKENDS:
+            raise DriverError(f"torch_kwargs['backend']={backend!r} is not accepted; use one of {list(BACKENDS)}.")
+    if backend == "nccl" and resolved.type != "cuda":
+        raise DriverError(
+            f"the process group backend is 'nccl', which needs CUDA devices, but device={device!r} puts this "
+            f"process on {resolved}; use the 'gloo' backend on CPU (the default there) or pass GPU devices."
+        )
+    return DistPlan(
+        launch=launch, world_size=world, rank=rank, local_rank=local_rank, device=resolved, backend=backend,
+        timeout=_timeout(options), ddp_kwargs=_ddp_kwargs(options), even_batches=_flag(options, "even_batches"),
+        spawn_output=_spawn_output(options), master=master,
+    )
+
+
+def _check_count(asked: Any, actual: int, what: str) -> None:
+    if asked is not None and asked != actual:
+        raise DriverError(
+            f"nproc={asked} but this process belongs to a distributed run of {actual} process(es) ({what}="
+            f"{actual}); drop nproc (the launcher decides how many processes run) or start {asked} processes, "
+            f"e.g. torchrun --nproc_per_node {asked} train.py."
+        )
+
+
+# ---------------------------------------------------------------------- environment
+def _env_int(name: str, default: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        if default is None:
+            raise DriverError(f"the environment variable {name} is not set; {_TORCHRUN_HINT}.")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DriverError(f"the environment variable {name}={raw!r} is not an integer; {_TORCHRUN_HINT}.") from None
+
+
+def _read_env() -> _Env | None:
+    """The torchrun-style variables of this process, or None when neither RANK nor WORLD_SIZE is set."""
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+        return None
+    missing = [name for name in ("RANK", "WORLD_SIZE") if name not in os.environ]
+    if missing:
+        present = "RANK" if "RANK" in os.environ else "WORLD_SIZE"
+        raise DriverError(
+            f"{present}={os.environ[present]!r} is set in the environment but {missing[0]} is not; {_TORCHRUN_HINT} "
+            "(or unset it to train in one process)."
+        )
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if world < 1 or not 0 <= rank < world:
+        raise DriverError(f"the environment says RANK={rank}, WORLD_SIZE={world}; RANK must be in 0..WORLD_SIZE-1.")
+    local_rank = _env_int("LOCAL_RANK", rank)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    if not 0 <= local_rank < local_world:
+        raise DriverError(
+            f"the environment says LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world}; LOCAL_RANK must be "
+            "in 0..LOCAL_WORLD_SIZE-1."
+        )
+    master = None
+    if world > 1:
+        absent = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+        if absent:
+            raise DriverError(f"WORLD_SIZE={world} but {' and '.join(absent)} not set; {_TORCHRUN_HINT}.")
+        master = (os.environ["MASTER_ADDR"], _env_int("MASTER_PORT"))
+    return _Env(rank, world, local_rank, local_world, master, SPAWN_PARENT_ENV in os.environ)
+
+
+# ---------------------------------------------------------------------------- devices
+def _default_device_of(model: Any) -> str:
+    return "cuda" if model_device(model).type == "cuda" else "cpu"
+
+
+def _device_for_rank(device: Any, model: Any, local_rank: int, local_world: int) -> torch.device:
+    """This process's device: the ``local_rank``-th listed one, or the GPU numbered ``local_rank``."""
+    if isinstance(device, (list, tuple)):
+        _check_device_list(device)
+        return _parse_listed(device[local_rank], device)
+    if device is None:
+        device = _default_device_of(model)
+    resolved = resolve_device(device, model)
+    if resolved.type == "cpu":
+        return resolved
+    if not _names_an_index(device):
+        return _cuda(local_rank, device, local_world)
+    if local_world > 1:
+        raise DriverError(
+            f"device={device!r} names one GPU, but {local_world} processes run on this machine and would all "
+            f"use it; pass device='cuda' (each process takes the GPU of its LOCAL_RANK) or a list such as "
+            f"device={list(range(local_world))}."
+        )
+    return resolved
+
+
+def _names_an_index(device: Any) -> bool:
+    if isinstance(device, int):
+        return True
+    if isinstance(device, torch.device):
+        return device.index is not None
+    return ":" in str(device)
+
+
+def _cuda(index: int, given: Any, processes: int) -> torch.device:
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index >= count:
+        raise DriverError(
+            f"device={given!r} with {processes} processes gives each process its own GPU, but this machine has "
+            f"{count} visible CUDA device(s); start at most {count} process(es) (nproc / --nproc_per_node), "
+            "or check CUDA_VISIBLE_DEVICES."
+        )
+    return torch.device("cuda", index)
+
+
+def _check_spawn_device(device: Any, nproc: int, model: Any) -> None:
+    """``device`` with ``nproc`` processes started by the Trainer: one CPU each, or GPUs 0..nproc-1."""
+    if device is None:
+        device = _default_device_of(model)
+    resolved = resolve_device(device, model)
+    if resolved.type == "cpu":
+        return
+    if _names_an_index(device):
+        raise DriverError(
+            f"device={device!r} names one GPU but nproc={nproc} asks for {nproc} processes; pass "
+            f"device={list(range(nproc))} (the GPUs to use) or device='cuda' (GPUs 0..{nproc - 1})."
+        )
+    count = torch.cuda.device_count()
+    if nproc > count:
+        raise DriverError(
+            f"nproc={nproc} with device={device!r} needs {nproc} GPUs (one per process) but this machine has "
+            f"{count} visible CUDA device(s); pass nproc={count} or less, or device='cpu' to train on CPU processes."
+        )
+
+
+def _parse_listed(item: Any, devices: Any) -> torch.device:
+    given = f"device={list(devices)!r}"
+    if isinstance(item, bool) or not isinstance(item, (int, str, torch.device)):
+        raise DriverError(
+            f"{given}: {item!r} is not a device; list GPU indices ([0, 1]), 'cuda:N' strings or torch.devices."
+        )
+    if isinstance(item, int):
+        if item < 0:
+            raise DriverError(f"{given}: GPU index {item} must be >= 0.")
+        return torch.device("cuda", item)
+    text = item.strip().lower() if isinstance(item, str) else str(item)
+    if text == "gpu" or text.startswith("gpu:"):
+        text = "cuda" + text[3:]
+    try:
+        parsed = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise DriverError(f"{given}: {item!r} is not a device torch understands; list GPU indices such as [0, 1].") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise DriverError(f"{given}: {item!r} is a {parsed.type!r} device; the torch driver supports cpu and cuda.")
+    if parsed.type == "cuda" and parsed.index is None:
+        raise DriverError(f"{given}: {item!r} has no GPU index; list explicit GPUs such as [0, 1] or 'cuda:0'.")
+    return parsed
+
+
+def _check_device_list(devices: Any) -> None:
+    """One distinct device per process, all CPU or all existing GPUs."""
+    given = f"device={list(devices)!r}"
+    parsed = [_parse_listed(item, devices) for item in devices]
+    kinds = {d.type for d in parsed}
+    if len(kinds) > 1:
+        raise DriverError(f"{given} mixes CPU and GPUs; list only GPUs, or use device='cpu' with nproc=N.")
+    seen: set[torch.device] = set()
+    for d in parsed:
+        if d in seen:
+            hint = ("device='cpu', nproc=N starts N CPU processes" if d.type == "cpu"
+                    else "list each GPU once, e.g. [0, 1]")
+            raise DriverError(f"{given} lists {d} more than once; one process runs per listed device: {hint}.")
+        seen.add(d)
+    if "cpu" in kinds:
+        return
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only"
+        raise DriverError(
+            f"{given} asks for CUDA GPUs but torch.cuda.is_available() is False (this torch build is {build}, "
+            f"torch {torch.__version__}, or no GPU is visible); use device='cpu', nproc={len(parsed)} to train "
+            "with CPU processes."
+        )
+    count = torch.cuda.device_count()
+    absent = [d.index for d in parsed if d.index >= count]
+    if absent:
+        valid = ", ".join(str(i) for i in range(count))
+        raise DriverError(
+            f"{given}: GPU(s) {absent} do not exist; this process sees {count} CUDA device(s) (valid indices: "
+            f"{valid}). Check CUDA_VISIBLE_DEVICES."
+        )
+
+
+# ---------------------------------------------------------------------------- options
+def _timeout(options: Mapping[str, Any]) -> float:
+    value = options.get("timeout", DEFAULT_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise DriverError(
+            f"torch_kwargs['timeout']={value!r} is not accepted; pass a number of seconds > 0 (default "
+            f"{DEFAULT_TIMEOUT:g})."
+        )
+    return float(value)
+
+
+def _flag(options: Mapping[str, Any], key: str) -> bool:
+    value = options.get(key, False)
+    if not isinstance(value, bool):
+        raise DriverError(f"torch_kwargs[{key!r}]={value!r} must be True or False.")
+    return value
+
+
+def _spawn_output(options: Mapping[str, Any]) -> str:
+    value = options.get("spawn_output", "inherit")
+    if value not in SPAWN_OUTPUTS:
+        raise DriverError(f"torch_kwargs['spawn_output']={value!r} is not accepted; use one of {list(SPAWN_OUTPUTS)}.")
+    return value
+
+
+def _ddp_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
+    value = options.get("ddp_kwargs") or {}
+    if not isinstance(value, Mapping):
+        raise DriverError(f"torch_kwargs['ddp_kwargs']={value!r} must be a dict of DistributedDataParallel options.")
+    accepted = [name for name in inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+                if name not in ("self", *_DDP_RESERVED)]
+    for key in value:
+        if key in _DDP_RESERVED:
+            raise DriverError(
+                f"torch_kwargs['ddp_kwargs'][{key!r}] is set by drivetrain from device= and the process group; "
+                "remove it."
+            )
+        if key not in accepted:
+            raise DriverError(
+                f"torch_kwargs['ddp_kwargs'][{key!r}] is not a DistributedDataParallel option; accepted: {accepted}."
+            )
+    return dict(value)
