@@ -50,10 +50,11 @@ def test_bad_devices_name_the_argument_and_what_is_accepted(model, make_driver, 
     assert "'cpu', 'cuda', 'cuda:N'" in message
 
 
-def test_several_devices_point_to_the_distributed_driver(model, make_driver) -> None:
-    with pytest.raises(DriverError, match="distributed torch arrives with the distributed torch driver"):
-        make_driver(model, ["cpu", "cpu"])
+def test_device_lists_choose_between_one_and_several_processes(model, make_driver) -> None:
+    """A one-device list is that device; several devices mean distributed training (tests/torch/distributed)."""
     assert make_driver(model, ["cpu"]).device == torch.device("cpu")
+    with pytest.raises(DriverError, match="lists cpu more than once"):
+        make_driver(model, ["cpu", "cpu"])
 
 
 def test_model_must_be_a_module(make_driver) -> None:

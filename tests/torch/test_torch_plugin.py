@@ -53,7 +53,8 @@ def test_spec_describes_the_driver_honestly() -> None:
     assert spec.version() == "0.1.0"
     caps = spec.capabilities
     assert caps.precisions == ("fp32", "fp16", "bf16")
-    assert caps.distributed == ()
+    assert caps.distributed == ("ddp",)
+    assert "torchrun" in caps.notes["distributed"]
     assert set(caps.devices) == {"cpu", "cuda"}
     assert "bf16" in caps.notes["fp16"] and "CPU" in caps.notes["fp16"]
 

@@ -48,7 +48,7 @@ SPAWN_OUTPUTS = ("inherit", "prefix")
 BACKENDS = ("gloo", "nccl")
 _DDP_RESERVED = ("module", "device_ids", "output_device", "process_group")
 
-_TORCHRUN_HINT = ("start every process with torchrun (torchrun --nproc_per_node N train.py), which sets RANK, "
+_TORCHRUN_HINT = ("Start every process with torchrun (torchrun --nproc_per_node N train.py), which sets RANK, "
                   "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
 
 
@@ -190,12 +190,12 @@ def _env_int(name: str, default: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None:
         if default is None:
-            raise DriverError(f"the environment variable {name} is not set; {_TORCHRUN_HINT}.")
+            raise DriverError(f"the environment variable {name} is not set. {_TORCHRUN_HINT}.")
         return default
     try:
         return int(raw)
     except ValueError:
-        raise DriverError(f"the environment variable {name}={raw!r} is not an integer; {_TORCHRUN_HINT}.") from None
+        raise DriverError(f"the environment variable {name}={raw!r} is not an integer. {_TORCHRUN_HINT}.") from None
 
 
 def _read_env() -> _Env | None:
@@ -206,24 +206,26 @@ def _read_env() -> _Env | None:
     if missing:
         present = "RANK" if "RANK" in os.environ else "WORLD_SIZE"
         raise DriverError(
-            f"{present}={os.environ[present]!r} is set in the environment but {missing[0]} is not; {_TORCHRUN_HINT} "
+            f"{present}={os.environ[present]!r} is set in the environment but {missing[0]} is not. {_TORCHRUN_HINT} "
             "(or unset it to train in one process)."
         )
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
     if world < 1 or not 0 <= rank < world:
-        raise DriverError(f"the environment says RANK={rank}, WORLD_SIZE={world}; RANK must be in 0..WORLD_SIZE-1.")
+        raise DriverError(
+            f"the environment says RANK={rank}, WORLD_SIZE={world}; RANK must be in 0..WORLD_SIZE-1. {_TORCHRUN_HINT}."
+        )
     local_rank = _env_int("LOCAL_RANK", rank)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
     if not 0 <= local_rank < local_world:
         raise DriverError(
             f"the environment says LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world}; LOCAL_RANK must be "
-            "in 0..LOCAL_WORLD_SIZE-1."
+            f"in 0..LOCAL_WORLD_SIZE-1. {_TORCHRUN_HINT}."
         )
     master = None
     if world > 1:
         absent = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
         if absent:
-            raise DriverError(f"WORLD_SIZE={world} but {' and '.join(absent)} not set; {_TORCHRUN_HINT}.")
+            raise DriverError(f"WORLD_SIZE={world} but {' and '.join(absent)} not set. {_TORCHRUN_HINT}.")
         master = (os.environ["MASTER_ADDR"], _env_int("MASTER_PORT"))
     return _Env(rank, world, local_rank, local_world, master, SPAWN_PARENT_ENV in os.environ)
 
@@ -240,11 +242,11 @@ def _device_for_rank(device: Any, model: Any, local_rank: int, local_world: int)
         return _parse_listed(device[local_rank], device)
     if device is None:
         device = _default_device_of(model)
-    resolved = resolve_device(device, model)
+    if _any_gpu(device) and torch.cuda.is_available():
+        return _cuda(local_rank, device, local_world)
+    resolved = resolve_device(device, model)  # also says why a GPU cannot be used
     if resolved.type == "cpu":
         return resolved
-    if not _names_an_index(device):
-        return _cuda(local_rank, device, local_world)
     if local_world > 1:
         raise DriverError(
             f"device={device!r} names one GPU, but {local_world} processes run on this machine and would all "
@@ -254,12 +256,11 @@ def _device_for_rank(device: Any, model: Any, local_rank: int, local_world: int)
     return resolved
 
 
-def _names_an_index(device: Any) -> bool:
-    if isinstance(device, int):
-        return True
+def _any_gpu(device: Any) -> bool:
+    """``'cuda'``, ``'gpu'`` or ``torch.device('cuda')``: a GPU without saying which one."""
     if isinstance(device, torch.device):
-        return device.index is not None
-    return ":" in str(device)
+        return device.type == "cuda" and device.index is None
+    return isinstance(device, str) and device.strip().lower() in ("cuda", "gpu")
 
 
 def _cuda(index: int, given: Any, processes: int) -> torch.device:
@@ -277,10 +278,10 @@ def _check_spawn_device(device: Any, nproc: int, model: Any) -> None:
     """``device`` with ``nproc`` processes started by the Trainer: one CPU each, or GPUs 0..nproc-1."""
     if device is None:
         device = _default_device_of(model)
-    resolved = resolve_device(device, model)
-    if resolved.type == "cpu":
-        return
-    if _names_an_index(device):
+    if not (_any_gpu(device) and torch.cuda.is_available()):
+        resolved = resolve_device(device, model)  # also says why a GPU cannot be used
+        if resolved.type == "cpu":
+            return
         raise DriverError(
             f"device={device!r} names one GPU but nproc={nproc} asks for {nproc} processes; pass "
             f"device={list(range(nproc))} (the GPUs to use) or device='cuda' (GPUs 0..{nproc - 1})."

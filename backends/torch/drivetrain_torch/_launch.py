@@ -102,6 +102,7 @@ class Launcher:
         self.exit_codes: dict[int, int] = {}
         self._stopped: set[int] = set()  # ranks this launcher terminated itself
         self._failed = False  # this process failed in training
+        self._exiting = False  # this process reached its exit handler
         self._pumps: list[threading.Thread] = []
         self._lock = threading.Lock()
 
@@ -181,14 +182,36 @@ class Launcher:
         return ended
 
     def _monitor(self) -> None:
-        while len(self.exit_codes) < len(self.children):
+        """Post failed children to the store; stop everything if this process ignores a failure too long."""
+        failed_at: float | None = None
+        while True:
             for rank, code in self._collect():
                 if code != 0 and rank not in self._stopped:
+                    failed_at = failed_at or time.monotonic()
                     try:
                         self.store.set(EXIT_KEY.format(rank=rank), exit_description(code))
                     except Exception:  # noqa: BLE001 - a nicety for the other ranks' messages
                         pass
+            settled = self._failed or self._exiting
+            if failed_at is not None and not settled and time.monotonic() - failed_at > self.timeout:
+                self._abandon()
+                return
+            if len(self.exit_codes) == len(self.children) and (failed_at is None or settled):
+                return
             time.sleep(_POLL)
+
+    def _abandon(self) -> None:
+        """A child failed and this process has not noticed within ``timeout`` (it is in no collective):
+        stop it all, as torchrun stops every process once one fails."""
+        listed = "; ".join(f"rank {r} {what}" for r, what in sorted(self.failures().items()))
+        sys.stderr.write(
+            f"drivetrain: {listed}, and rank 0 (this process) is still running {self.timeout:g} s later without "
+            "having noticed (it is not waiting in any collective operation); stopping every process. Raise "
+            "torch_kwargs['timeout'] if rank 0 legitimately works alone that long.\n"
+        )
+        sys.stderr.flush()
+        self._stop([r for r in self.children if self.children[r].poll() is None])
+        os._exit(1)
 
     # ------------------------------------------------------------------ ending
     def _stop(self, ranks: list[int]) -> None:
@@ -224,6 +247,7 @@ class Launcher:
             time.sleep(_POLL)
 
     def _at_exit(self) -> None:
+        self._exiting = True
         try:
             self._wait_children()
         except KeyboardInterrupt:

@@ -11,7 +11,7 @@ from drivetrain import CONTRACT_VERSION, Capabilities, DriverSpec, hookimpl
 
 CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16", "bf16"),
-    distributed=(),
+    distributed=("ddp",),
     devices=("cpu", "cuda"),
     notes={
         "devices": "cpu, cuda, cuda:N (aliases: gpu, gpu:N, an int N); None keeps the model where it is. "
@@ -20,7 +20,10 @@ CAPABILITIES = Capabilities(
         "that support bf16 (Ampere or newer).",
         "fp16": "torch.autocast with float16 plus torch.amp.GradScaler. On CPU it works but runs ~30x slower "
         "than fp32: use bf16 on CPU.",
-        "distributed": "Single process only in this release; the torch.distributed (DDP) driver comes later.",
+        "distributed": "DistributedDataParallel on torch.distributed, one process per device (gloo on CPU, nccl "
+        "on CUDA). Start with torchrun, or let the Trainer start the processes (device=[0, 1] or nproc=N in "
+        "python train.py), or init_process_group yourself; collectives wait at most torch_kwargs['timeout'] "
+        "(60 s) for a failed or stuck peer.",
         "serialization": "Tensors are saved with safetensors (no pickle); tied weights are stored as copies.",
     },
 )

@@ -1,6 +1,6 @@
 """The program the distributed tests start (torchrun, or ``python _ddp_script.py`` for the Trainer's own spawn).
 
-    _ddp_script.py train OUT PHASES [--nproc N] [--user-init] [--prefix] [--resume-from DIR]
+    _ddp_script.py train OUT PHASES [--nproc N] [--user-init] [--prefix] [--resume-from DIR] [--device 0,1]
     _ddp_script.py fail OUT MODE [--timeout S]
 
 ``train`` runs the comma-separated PHASES one after another in the same processes
@@ -15,7 +15,7 @@ results, the sample indices each rank trained on per epoch, callback counts):
 - ``resume-same``: resumed from ``OUT/interrupted`` (same world size).
 
 ``fail`` trains slowly and misbehaves on rank 1 (or 0) at batch ``FAIL_AT``:
-``raise`` raises, ``stall`` sleeps forever, ``wait`` waits there to be killed by the
+``raise`` raises, ``stall`` sleeps forever, ``mark`` only marks the batch, so that the test can kill a rank
 test; every rank writes ``OUT/pid-rank<r>`` at the start and ``OUT/at-rank<r>`` when it
 reaches ``FAIL_AT``.
 
@@ -177,6 +177,8 @@ def train(args: argparse.Namespace) -> None:
         launch["nproc"] = args.nproc
     if args.prefix:
         launch["torch_kwargs"] = {"spawn_output": "prefix"}
+    if args.device:
+        launch["device"] = [int(i) for i in args.device.split(",")]
     for phase in args.phases.split(","):
         run_phase(phase, args, launch)
         launch.pop("torch_kwargs", None)  # later phases reuse the process group: no start-up options
@@ -199,7 +201,7 @@ class Misbehave(Callback):
             return
         if self.mode == "raise":
             raise ValueError(f"boom on purpose at batch {FAIL_AT}")
-        if self.mode in ("stall", "wait"):
+        if self.mode == "stall":
             time.sleep(3600)
 
 
@@ -226,9 +228,10 @@ def main() -> None:
     t.add_argument("--user-init", action="store_true")
     t.add_argument("--prefix", action="store_true")
     t.add_argument("--resume-from")
+    t.add_argument("--device", help="comma-separated GPU indices, e.g. 0,1")
     f = sub.add_parser("fail")
     f.add_argument("out")
-    f.add_argument("mode", choices=("raise", "stall", "wait"))
+    f.add_argument("mode", choices=("raise", "stall", "mark"))
     f.add_argument("--victim", type=int, default=1)
     f.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
