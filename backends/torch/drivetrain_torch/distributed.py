@@ -163,8 +163,8 @@ class TorchDDPDriver(TorchSingleDriver):
         timeout = datetime.timedelta(seconds=plan.timeout)
         options: dict[str, Any] = {"backend": plan.backend, "timeout": timeout, "rank": plan.rank,
                                    "world_size": plan.world_size}
-        if plan.device.type == "cuda":
-            options["device_id"] = plan.device
+        if plan.backend == "nccl":
+            options["device_id"] = plan.device  # binds the communicator to this GPU at once
         what = "starting the process group"
         if plan.launch == "env":
             with self._collective(f"{what} (torchrun's MASTER_ADDR/MASTER_PORT)"):
@@ -178,11 +178,15 @@ class TorchDDPDriver(TorchSingleDriver):
                 dist.init_process_group(store=dist.PrefixStore("default_pg", store), **options)
             return
         self._launcher = Launcher(plan.world_size, plan.timeout, plan.spawn_output, self._command)
-        store = self._launcher.start()
-        self._launcher.wait_ready()
-        with self._collective(what):
-            # the prefix env:// gives its store, so this group and the children's meet in one namespace
-            dist.init_process_group(store=dist.PrefixStore("default_pg", store), **options)
+        try:
+            store = self._launcher.start()
+            self._launcher.wait_ready()
+            with self._collective(what):
+                # the prefix env:// gives its store, so this group and the children's meet in one namespace
+                dist.init_process_group(store=dist.PrefixStore("default_pg", store), **options)
+        except BaseException:
+            self._launcher.note_failed()  # at exit, stop the children rather than wait for them
+            raise
 
     def on_exception(self) -> None:
         """Post why this process fails, then shut the process group unless every rank is failing too.

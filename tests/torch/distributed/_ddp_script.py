@@ -15,9 +15,9 @@ results, the sample indices each rank trained on per epoch, callback counts):
 - ``resume-same``: resumed from ``OUT/interrupted`` (same world size).
 
 ``fail`` trains slowly and misbehaves on rank 1 (or 0) at batch ``FAIL_AT``:
-``raise`` raises, ``stall`` sleeps forever, ``mark`` only marks the batch, so that the test can kill a rank
-test; every rank writes ``OUT/pid-rank<r>`` at the start and ``OUT/at-rank<r>`` when it
-reaches ``FAIL_AT``.
+``raise`` raises, ``stall`` sleeps forever, ``mark`` only marks the batch (so that the test can kill a
+rank mid-epoch), ``early`` makes rank 1 exit with code 3 before it builds the Trainer. Every rank writes
+``OUT/pid-rank<r>`` at the start and ``OUT/at-rank<r>`` when it reaches ``FAIL_AT``.
 
 Everything before the ``Trainer(...)`` runs in every process, as the docs say it will.
 """
@@ -209,6 +209,8 @@ def fail(args: argparse.Namespace) -> None:
     rank = os.environ.get("RANK", "0")
     with open(os.path.join(args.out, f"pid-rank{rank}"), "w") as f:
         f.write(str(os.getpid()))
+    if args.mode == "early" and rank == "1":
+        sys.exit(3)  # dies before reaching Trainer(...)
     torch.manual_seed(0)
     model = Net()
     options = {"nproc": 2, "torch_kwargs": {"timeout": args.timeout}}
@@ -231,7 +233,7 @@ def main() -> None:
     t.add_argument("--device", help="comma-separated GPU indices, e.g. 0,1")
     f = sub.add_parser("fail")
     f.add_argument("out")
-    f.add_argument("mode", choices=("raise", "stall", "mark"))
+    f.add_argument("mode", choices=("raise", "stall", "mark", "early"))
     f.add_argument("--victim", type=int, default=1)
     f.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()

@@ -186,6 +186,13 @@ def test_a_rank_that_raises_takes_the_others_down_naming_it(launch, tmp_path) ->
     assert done.seconds < 20 + 10  # well inside the bound: the peer's error arrives at once
 
 
+def test_a_started_process_that_dies_before_the_trainer_is_reported_at_once(launch, tmp_path) -> None:
+    done = launch(spawn("fail", str(tmp_path), "early")).wait(TIMEOUT)  # the default 60 s timeout
+    assert done.returncode != 0
+    assert "did not all reach Trainer(...): rank 1 exited with code 3" in done.output
+    assert done.seconds < 30
+
+
 def test_a_stalled_rank_fails_the_others_after_the_timeout(launch, tmp_path) -> None:
     done = launch(spawn("fail", str(tmp_path), "stall", "--timeout", "3")).wait(TIMEOUT)
     assert done.returncode != 0
