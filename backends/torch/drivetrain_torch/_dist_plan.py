@@ -35,8 +35,8 @@ SPAWN_PARENT_ENV = "DRIVETRAIN_SPAWN_PARENT"
 DEFAULT_TIMEOUT = 60.0
 
 DIST_KWARGS = {
-    "timeout": "seconds (default 60): how long a collective or the start-up waits for the other processes; "
-    "also the bound on how long a process outlives a failed or stuck peer",
+    "timeout": "seconds (default 60): how long a collective waits for the other processes (the start-up at "
+    "least 60 s); also the bound on how long a process outlives a failed or stuck peer",
     "ddp_kwargs": "dict passed to torch.nn.parallel.DistributedDataParallel (e.g. find_unused_parameters=True)",
     "backend": "'gloo' or 'nccl' (default: gloo on CPU, nccl on CUDA)",
     "even_batches": "bool (default False): True refuses a training set whose last global batch would be "

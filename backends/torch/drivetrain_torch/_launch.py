@@ -40,6 +40,7 @@ from ._failures import EXIT_KEY, READY_KEY, exit_description
 _PR_SET_PDEATHSIG = 1
 _POLL = 0.1
 _STOP_GRACE = 2.0  # seconds the children get to end by themselves once this process failed
+_STARTUP_FLOOR = 60.0  # starting Python and importing torch takes seconds on a loaded machine
 
 
 def relaunch_command(argv: list[str] | None = None, orig_argv: list[str] | None = None,
@@ -139,8 +140,14 @@ class Launcher:
         return self.store
 
     def wait_ready(self) -> None:
-        """Wait until every child reached its Trainer; fail at once if one exits first."""
-        deadline = time.monotonic() + self.timeout
+        """Wait until every child reached its Trainer; fail at once if one exits first.
+
+        A child that dies is noticed at once; one that never gets there is given the
+        timeout, but at least a minute, since a tight collective timeout must not make
+        a slow start-up fail.
+        """
+        patience = max(self.timeout, _STARTUP_FLOOR)
+        deadline = time.monotonic() + patience
         waiting = set(self.children)
         while waiting:
             waiting = {r for r in waiting if not self.store.check([READY_KEY.format(rank=r)])}
@@ -154,9 +161,9 @@ class Launcher:
                 )
             if waiting and time.monotonic() > deadline:
                 raise DriverError(
-                    f"rank(s) {sorted(waiting)} did not reach Trainer(...) within torch_kwargs['timeout']="
-                    f"{self.timeout:g} s. Every process runs the script from the top: make sure each one builds "
-                    "the Trainer with the same arguments, or raise the timeout if the start-up is slow."
+                    f"rank(s) {sorted(waiting)} did not reach Trainer(...) within {patience:g} s. Every process "
+                    "runs the script from the top: make sure each one builds the Trainer with the same arguments, "
+                    "or raise torch_kwargs['timeout'] if the start-up is that slow."
                 )
             if waiting:
                 time.sleep(0.05)

@@ -240,10 +240,12 @@ class TorchDDPDriver(TorchSingleDriver):
                 f"{what} failed on rank {self.rank} of {self.world_size} because {cause}. This process stops too; "
                 f"the cause is in that rank's own output. ({detail})"
             ) from exc
+        limit = ("the timeout given to init_process_group" if self.plan.launch == "existing"
+                 else f"torch_kwargs['timeout']={self.plan.timeout:g} s")
         raise DistributedError(
             f"{what} failed on rank {self.rank} of {self.world_size}: another process ended or did not answer "
-            f"within torch_kwargs['timeout']={self.plan.timeout:g} s without saying why (killed? out of memory? "
-            f"stuck?). Look at the other processes' output. ({detail})"
+            f"within {limit} without saying why (killed? out of memory? stuck?). Look at the other processes' "
+            f"output. ({detail})"
         ) from exc
 
     def _reports(self, wait: float) -> dict[int, str]:
@@ -253,7 +255,8 @@ class TorchDDPDriver(TorchSingleDriver):
             reports = self._launcher.failures() if self._launcher is not None else {}
             if self._board is not None:
                 for rank, text in self._board.reports().items():
-                    reports[rank] = f"{text}; {reports[rank]}" if rank in reports else text
+                    known = reports.get(rank)
+                    reports[rank] = text if known is None or known in text else f"{text}; {known}"
             if reports or time.monotonic() >= deadline:
                 return reports
             time.sleep(0.1)

@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import signal
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -155,6 +156,14 @@ def test_trainer_starts_the_other_process_itself(launch, tmp_path, reference) ->
         assert result["eval"] == pytest.approx(reference["eval"], abs=1e-12)
 
 
+def test_python_c_cannot_start_processes_and_says_so(launch, tmp_path) -> None:
+    code = ("import torch; from drivetrain import Trainer; m = torch.nn.Linear(2, 2); "
+            "Trainer(m, [{}], torch.optim.SGD(m.parameters(), lr=0.1), driver='torch', nproc=2)")
+    done = launch([sys.executable, "-c", code]).wait(TIMEOUT)
+    assert done.returncode == 1
+    assert "program was given as a string (python -c)" in done.output and "torchrun --nproc_per_node N" in done.output
+
+
 def test_a_users_process_group_and_ddp_model_are_used_as_they_are(launch, tmp_path, reference) -> None:
     done = launch(torchrun("train", str(tmp_path), "full", "--user-init")).wait(TIMEOUT)
     assert done.returncode == 0, done.output
@@ -197,6 +206,14 @@ def test_a_stalled_rank_fails_the_others_after_the_timeout(launch, tmp_path) -> 
     done = launch(spawn("fail", str(tmp_path), "stall", "--timeout", "3")).wait(TIMEOUT)
     assert done.returncode != 0
     assert "did not answer within torch_kwargs['timeout']=3 s" in done.output
+    _all_gone(_pids(tmp_path), within=1.0)
+
+
+def test_the_launcher_stuck_outside_collectives_is_stopped_when_a_rank_fails(launch, tmp_path) -> None:
+    """Rank 0 hangs in its own code: rank 1 times out and exits, then rank 0 is stopped a timeout later."""
+    done = launch(spawn("fail", str(tmp_path), "stall", "--victim", "0", "--timeout", "2")).wait(TIMEOUT)
+    assert done.returncode != 0
+    assert "rank 1 exited with code 1, and rank 0 (this process) is still running 2 s later" in done.output
     _all_gone(_pids(tmp_path), within=1.0)
 
 
