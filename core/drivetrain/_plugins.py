@@ -66,6 +66,9 @@ class DriverSpec:
     seed_function: str | None = None
     """``"module:function"`` seeding the framework's generators, called by ``seed_everything``
     only when the framework is already imported."""
+    testing_kit: str | None = None
+    """``"module:function"`` returning the backend's :class:`drivetrain.testing.BackendKit`, for
+    ``drivetrain backends --check`` and :class:`drivetrain.testing.ContractSuite`."""
 
     def claims(self, model: Any) -> bool:
         cls = model if isinstance(model, type) else type(model)

@@ -7,22 +7,21 @@ paddle's own string (``"cpu"``, ``"gpu:0"``) for ``paddle.set_device`` and
 
 :func:`move_to_device` walks a nested batch, moves paddle tensors that are elsewhere
 and turns numeric numpy arrays into paddle tensors (a paddle layer cannot take a numpy
-array, and a plain iterable of numpy batches is a common dataloader). It rebuilds only
-the containers whose contents changed, so a batch already in place costs one walk.
+array, and a plain iterable of numpy batches is a common dataloader). The walk is the
+core's :func:`drivetrain.backend.move_nested`: a batch already in place costs one walk.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
-from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
 import paddle
 
 from drivetrain._errors import DriverError
+from drivetrain.backend import move_nested
 
 from .plugin import TESTED_PADDLE
 
@@ -171,43 +170,9 @@ class Mover:
                     break
             else:
                 return batch
-        if isinstance(batch, paddle.Tensor) or _is_numeric_array(batch):
-            return self.tensor(batch)
-        if isinstance(batch, (str, bytes, int, float, type(None), np.generic, np.ndarray)):
-            return batch
-        if isinstance(batch, Mapping):
-            changed = {}
-            for key, value in batch.items():
-                moved = self(value)
-                if moved is not value:
-                    changed[key] = moved
-            if not changed:
-                return batch
-            if isinstance(batch, MutableMapping) and type(batch) is not dict:
-                out = copy.copy(batch)  # keeps the mapping's class and extras (defaultdict factory, ...)
-                out.update(changed)
-                return out
-            return {key: changed.get(key, value) for key, value in batch.items()}
-        if isinstance(batch, (list, tuple)):
-            items = [self(value) for value in batch]
-            if all(new is old for new, old in zip(items, batch, strict=True)):
-                return batch
-            if isinstance(batch, tuple):
-                if hasattr(batch, "_fields"):  # namedtuple
-                    return type(batch)(*items)
-                return tuple(items) if type(batch) is tuple else type(batch)(items)
-            return items if type(batch) is list else type(batch)(items)
-        if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-            changed = {}
-            for f in dataclasses.fields(batch):
-                value = getattr(batch, f.name)
-                moved = self(value)
-                if moved is not value:
-                    changed[f.name] = moved
-            if not changed:
-                return batch
-            out = copy.copy(batch)  # a new instance; works for frozen dataclasses and init=False fields
-            for name, value in changed.items():
-                object.__setattr__(out, name, value)
-            return out
-        return batch
+        return move_nested(batch, self.is_tensor, self.tensor)
+
+    @staticmethod
+    def is_tensor(value: Any) -> bool:
+        """What the mover moves: paddle tensors and numeric numpy arrays."""
+        return isinstance(value, paddle.Tensor) or _is_numeric_array(value)

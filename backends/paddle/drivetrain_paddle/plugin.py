@@ -48,6 +48,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
             install=INSTALL,
             contract_versions=(CONTRACT_VERSION,),
             seed_function="drivetrain_paddle.plugin:seed_paddle",
+            testing_kit="drivetrain_paddle.testing_kit:paddle_kit",
         )
     ]
 

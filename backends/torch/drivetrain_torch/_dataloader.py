@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from drivetrain._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
+from drivetrain.backend import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
 
 _OWNS_GENERATOR = "_drivetrain_owns_generator"
 """Attribute set on DataLoaders whose generator this module made (and may therefore reseed)."""

@@ -1,21 +1,18 @@
 """Devices for the torch backend: parse the user's ``device=`` once, and move batches there.
 
 Everything that turns a user-supplied device into a ``torch.device`` lives here so
-the rules (aliases, checks, messages) exist once. :func:`move_to_device` walks a
-nested batch and rebuilds only the containers whose contents actually moved, so
-a CPU batch on a CPU model costs one walk and no allocation.
+the rules (aliases, checks, messages) exist once. :func:`move_to_device` moves
+nested batches with the core's :func:`drivetrain.backend.move_nested`.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
 
 from drivetrain._errors import DriverError
+from drivetrain.backend import move_nested
 
 ACCEPTED = (
     "'cpu', 'cuda', 'cuda:N', 'gpu', 'gpu:N', an int N (meaning cuda:N), a torch.device, "
@@ -97,9 +94,9 @@ def _check_cuda(given: Any, device: torch.device) -> torch.device:
 def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor in a nested dict/list/tuple/namedtuple/dataclass to ``device``.
 
-    Non-tensors are returned unchanged. A container is rebuilt (as a new object of
-    the same kind) only when something inside it moved; otherwise the very same
-    object comes back, which keeps the common CPU case allocation-free.
+    Non-tensors are returned unchanged; containers are rebuilt only when something inside
+    moved (:func:`drivetrain.backend.move_nested`), so a CPU batch on a CPU model costs one
+    walk and no allocation.
     """
     if type(batch) is dict:  # the usual batch, a dict of tensors already there: checked without recursion
         for value in batch.values():
@@ -107,47 +104,12 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
                 break
         else:
             return batch
-    if isinstance(batch, torch.Tensor):
-        if batch.device == device:
-            return batch
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, (str, bytes, int, float, type(None))):
-        return batch
-    if isinstance(batch, Mapping):
-        changed = {}
-        for key, value in batch.items():
-            moved = move_to_device(value, device, non_blocking)
-            if moved is not value:
-                changed[key] = moved
-        if not changed:
-            return batch
-        if type(batch) is dict:
-            return {key: changed.get(key, value) for key, value in batch.items()}
-        if isinstance(batch, MutableMapping):
-            out = copy.copy(batch)  # keeps the mapping's class and extras (defaultdict factory, ...)
-            out.update(changed)
-            return out
-        return {key: changed.get(key, value) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        items = [move_to_device(value, device, non_blocking) for value in batch]
-        if all(new is old for new, old in zip(items, batch, strict=True)):
-            return batch
-        if isinstance(batch, tuple):
-            if hasattr(batch, "_fields"):  # namedtuple
-                return type(batch)(*items)
-            return tuple(items) if type(batch) is tuple else type(batch)(items)
-        return items if type(batch) is list else type(batch)(items)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        changed = {}
-        for f in dataclasses.fields(batch):
-            value = getattr(batch, f.name)
-            moved = move_to_device(value, device, non_blocking)
-            if moved is not value:
-                changed[f.name] = moved
-        if not changed:
-            return batch
-        out = copy.copy(batch)  # a new instance; works for frozen dataclasses and init=False fields
-        for name, value in changed.items():
-            object.__setattr__(out, name, value)
-        return out
-    return batch
+
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if tensor.device == device else tensor.to(device, non_blocking=non_blocking)
+
+    return move_nested(batch, _is_tensor, move)
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, _TENSOR)

@@ -33,9 +33,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from drivetrain._dataloaders import OverfitLoader
 from drivetrain._errors import ConfigurationError, DriverError, DrivetrainError
-from drivetrain._sampler import find_reproducible_sampler
+from drivetrain.backend import OverfitLoader, find_reproducible_sampler
 
 from ._dataloader import describe_sampling, reproducible_dataloader, unrepeated_dataloader
 from ._dist_plan import DIST_KWARGS, DistPlan

@@ -17,6 +17,7 @@ import torch
 
 from drivetrain._driver import Driver
 from drivetrain._errors import DriverError
+from drivetrain.backend import bool_option, check_framework_kwargs
 
 from . import _rng
 from . import state as _state
@@ -87,30 +88,12 @@ def check_model(model: Any) -> None:
 
 
 def _check_framework_kwargs(framework_kwargs: Any, accepted: Mapping[str, str]) -> dict[str, Any]:
-    if framework_kwargs is None:
-        return {}
-    if not isinstance(framework_kwargs, Mapping):
-        raise DriverError(
-            f"torch_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(accepted)}."
-        )
-    for key in framework_kwargs:
-        if key in accepted:
-            continue
-        if key in _DISTRIBUTED_ONLY_KWARGS:
-            raise DriverError(
-                f"torch_kwargs[{key!r}] applies to distributed torch training, but this run is a single process; "
-                "remove it, or train distributed: device=[0, 1], nproc=N, or start the script with torchrun."
-            )
-        described = "; ".join(f"{name}: {what}" for name, what in accepted.items())
-        raise DriverError(f"torch_kwargs[{key!r}] is not a torch driver option; accepted: {described}.")
-    return dict(framework_kwargs)
-
-
-def _bool_option(options: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = options.get(key, default)
-    if not isinstance(value, bool):
-        raise DriverError(f"torch_kwargs[{key!r}]={value!r} must be True or False.")
-    return value
+    single_only = {
+        key: "applies to distributed torch training, but this run is a single process; remove it, or train "
+        "distributed: device=[0, 1], nproc=N, or start the script with torchrun."
+        for key in _DISTRIBUTED_ONLY_KWARGS if key not in accepted
+    }
+    return check_framework_kwargs(framework_kwargs, accepted, argument="torch_kwargs", not_here=single_only)
 
 
 class TorchSingleDriver(Driver):
@@ -143,8 +126,8 @@ class TorchSingleDriver(Driver):
         )
         options = _check_framework_kwargs(framework_kwargs, self.accepted_kwargs)
         self.device: torch.device = resolve_device(device, model)
-        self.non_blocking = _bool_option(options, "non_blocking", self.device.type == "cuda")
-        self.set_to_none = _bool_option(options, "set_to_none", True)
+        self.non_blocking = bool_option(options, "non_blocking", self.device.type == "cuda", argument="torch_kwargs")
+        self.set_to_none = bool_option(options, "set_to_none", True, argument="torch_kwargs")
         self._precision = Precision(precision, self.device, options.get("grad_scaler_kwargs"))
         self.grad_scaler = self._precision.scaler
 

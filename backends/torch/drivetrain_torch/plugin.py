@@ -42,6 +42,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
             distribution="drivetrain-torch",
             contract_versions=(CONTRACT_VERSION,),
             seed_function="drivetrain_torch.plugin:seed_torch",
+            testing_kit="drivetrain_torch.testing_kit:torch_kit",
         )
     ]
 

@@ -17,8 +17,8 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from drivetrain._checkpoint.safetensors_writer import array_buffer
 from drivetrain._errors import DriverError
+from drivetrain.backend import array_buffer
 
 _MAX_LISTED = 10
 

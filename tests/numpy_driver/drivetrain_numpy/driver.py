@@ -107,10 +107,14 @@ class NumpyDriver(Driver):
             g[...] = grads[k] if k in grads else 0.0
 
     def rng_state(self) -> dict[str, Any]:
-        return {}  # the model draws no random numbers; numpy's global RNG is the core's to capture
+        # numpy's global generator is this "framework's" generator (the core captures it too)
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        return {"keys": keys.copy(), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
 
     def load_rng_state(self, state: Mapping[str, Any]) -> None:
-        pass
+        if state:
+            np.random.set_state(("MT19937", np.asarray(state["keys"], dtype=np.uint32), int(state["pos"]),
+                                 int(state["has_gauss"]), float(state["cached"])))
 
     def framework_version(self) -> str:
         return np.__version__

@@ -15,5 +15,6 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
                                       notes={"purpose": "reference driver for tests; linear models only"}),
             distribution="drivetrain-numpy-testdriver",
             contract_versions=(CONTRACT_VERSION,),
+            testing_kit="drivetrain_numpy.testing_kit:numpy_kit",
         )
     ]

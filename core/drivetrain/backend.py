@@ -1,0 +1,120 @@
+"""Helpers for backend authors: the parts every driver needs that have nothing framework-specific.
+
+A driver in any backend (ours or a third party's) moves nested batches, validates its
+``<framework>_kwargs`` and hands tensor bytes to the checkpoint writer. Those rules live
+here once, so every backend gives the same behaviour and the same error messages.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
+
+import numpy as np
+
+from ._checkpoint.safetensors_writer import array_buffer
+from ._dataloaders import OverfitLoader
+from ._errors import DriverError
+from ._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
+
+__all__ = [
+    "OverfitLoader",  # what the Trainer wraps a loader in for overfit_batches; a driver unwraps it
+    "ReproducibleBatchSampler",  # the resumable, shardable training sampler a driver installs
+    "UnrepeatedBatchSampler",  # the evaluation sampler: each rank its own shard, once, no padding
+    "array_buffer",  # (dtype, shape, bytes) of a numpy array, for Driver.tensor_buffer
+    "bool_option",
+    "check_framework_kwargs",
+    "find_reproducible_sampler",
+    "move_nested",
+]
+
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), np.generic, np.ndarray)
+
+
+def move_nested(batch: Any, is_tensor: Callable[[Any], bool], move: Callable[[Any], Any]) -> Any:
+    """Apply ``move`` to every tensor inside a nested dict/list/tuple/namedtuple/dataclass.
+
+    ``is_tensor(value)`` says what counts as a tensor (checked first, so a backend may
+    treat numeric numpy arrays as tensors); ``move(tensor)`` returns the tensor where it
+    belongs, and the very same object when it is already there. Anything else passes
+    through unchanged. A container is rebuilt (same kind: mapping subclasses keep their
+    class and extras, namedtuples their type, dataclasses are copied) only when something
+    inside it changed, so a batch that is already in place costs one walk and no allocation.
+    """
+    if is_tensor(batch):
+        return move(batch)
+    if isinstance(batch, _ATOMS):
+        return batch
+    if isinstance(batch, Mapping):
+        changed = {}
+        for key, value in batch.items():
+            moved = move_nested(value, is_tensor, move)
+            if moved is not value:
+                changed[key] = moved
+        if not changed:
+            return batch
+        if isinstance(batch, MutableMapping) and type(batch) is not dict:
+            out = copy.copy(batch)  # keeps the mapping's class and extras (defaultdict factory, ...)
+            out.update(changed)
+            return out
+        return {key: changed.get(key, value) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        items = [move_nested(value, is_tensor, move) for value in batch]
+        if all(new is old for new, old in zip(items, batch, strict=True)):
+            return batch
+        if isinstance(batch, tuple):
+            if hasattr(batch, "_fields"):  # namedtuple
+                return type(batch)(*items)
+            return tuple(items) if type(batch) is tuple else type(batch)(items)
+        return items if type(batch) is list else type(batch)(items)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        changed = {}
+        for field in dataclasses.fields(batch):
+            value = getattr(batch, field.name)
+            moved = move_nested(value, is_tensor, move)
+            if moved is not value:
+                changed[field.name] = moved
+        if not changed:
+            return batch
+        out = copy.copy(batch)  # a new instance; works for frozen dataclasses and init=False fields
+        for name, value in changed.items():
+            object.__setattr__(out, name, value)
+        return out
+    return batch
+
+
+def check_framework_kwargs(
+    value: Any,
+    accepted: Mapping[str, str],
+    *,
+    argument: str,
+    not_here: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Validate a driver's ``<framework>_kwargs`` and return it as a new dict.
+
+    ``accepted`` maps each option to a few words on what it does (they go into the
+    error). ``not_here`` maps options that exist elsewhere (say, only for distributed
+    training) to the sentence explaining why they do not apply to this driver.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise DriverError(f"{argument}={value!r} must be a dict or None; accepted keys: {sorted(accepted)}.")
+    for key in value:
+        if key in accepted:
+            continue
+        if not_here and key in not_here:
+            raise DriverError(f"{argument}[{key!r}] {not_here[key]}")
+        described = "; ".join(f"{name}: {what}" for name, what in accepted.items()) or "none"
+        raise DriverError(f"{argument}[{key!r}] is not an option of this driver; accepted: {described}.")
+    return dict(value)
+
+
+def bool_option(options: Mapping[str, Any], key: str, default: bool, *, argument: str) -> bool:
+    """``options[key]`` (or ``default``), refusing anything but a real bool: ``"False"`` is truthy."""
+    value = options.get(key, default)
+    if not isinstance(value, bool):
+        raise DriverError(f"{argument}[{key!r}]={value!r} must be True or False.")
+    return value

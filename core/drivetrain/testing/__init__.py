@@ -1,0 +1,32 @@
+"""The driver conformance kit: run drivetrain's contract checks against any backend.
+
+A backend author writes a :class:`BackendKit` (a tiny classifier, its optimizer, a
+numpy-to-tensor function), names it in the DriverSpec (``testing_kit=``), and runs::
+
+    from drivetrain.testing import ContractSuite
+
+    class TestMyBackendContract(ContractSuite):
+        backend = "mybackend"
+
+or ``drivetrain backends --check mybackend``. Importing this module imports no
+framework; the kit imports its own when it is built.
+"""
+
+from ._checks import CHECKS, GROUPS, Check, ContractViolation
+from ._kit import CLASSES, IN_FEATURES, BackendKit, classification_arrays, kit_for
+from ._suite import CheckResult, ContractSuite, run_contract_checks
+
+__all__ = [
+    "CHECKS",
+    "CLASSES",
+    "GROUPS",
+    "IN_FEATURES",
+    "BackendKit",
+    "Check",
+    "CheckResult",
+    "ContractSuite",
+    "ContractViolation",
+    "classification_arrays",
+    "kit_for",
+    "run_contract_checks",
+]

@@ -1,0 +1,86 @@
+"""What a backend gives the conformance suite: a tiny classifier, its optimizer and tensors.
+
+The kit is the only backend-specific part of the suite; everything else talks to the
+driver through the contract. A backend ships its kit in its package and names it in
+its :class:`~drivetrain.DriverSpec` (``testing_kit="pkg.module:function"``), so
+``drivetrain backends --check NAME`` and :class:`~drivetrain.testing.ContractSuite`
+find it by the backend's name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+IN_FEATURES = 4
+"""Input width of the kit's classifier."""
+CLASSES = 3
+"""Number of classes of the kit's classifier."""
+
+
+def classification_arrays(n: int = 60, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(x float32 [n, IN_FEATURES], target int64 [n])``: well-separated clusters a linear model learns."""
+    centers = np.random.default_rng(99).standard_normal((CLASSES, IN_FEATURES)) * 3
+    rng = np.random.default_rng(seed)
+    target = rng.integers(0, CLASSES, n)
+    x = (centers[target] + rng.standard_normal((n, IN_FEATURES)) * 0.5).astype(np.float32)
+    return x, target.astype(np.int64)
+
+
+@dataclass
+class BackendKit:
+    """The three small factories a backend author writes to run the conformance suite.
+
+    - ``make_model()``: a new classifier with the SAME initial weights on every call,
+      whose forward takes ``(x, target)`` and returns ``{"loss": cross-entropy, "pred": logits}``
+      (``IN_FEATURES`` inputs, ``CLASSES`` outputs; a single linear layer is enough).
+    - ``make_optimizer(model, lr)``: plain SGD over the model's parameters.
+    - ``to_tensor(array)``: a numpy array as a CPU tensor of the framework.
+    - ``random()``: one float drawn from the framework's global generator (the one
+      ``Driver.seed`` seeds and ``Driver.rng_state`` captures).
+    """
+
+    driver: str
+    make_model: Callable[[], Any]
+    make_optimizer: Callable[[Any, float], Any]
+    to_tensor: Callable[[np.ndarray], Any]
+    random: Callable[[], float] | None = None
+    framework: str = ""
+    """The framework's top-level module; defaults to ``driver``."""
+
+    def __post_init__(self) -> None:
+        if not self.framework:
+            self.framework = self.driver
+
+    def batches(self, n: int = 60, batch_size: int = 10, seed: int = 0) -> list[dict[str, Any]]:
+        """``n`` samples as a list of ``{"x", "target"}`` batches of the framework's tensors."""
+        x, y = classification_arrays(n, seed)
+        return [{"x": self.to_tensor(x[i:i + batch_size]), "target": self.to_tensor(y[i:i + batch_size])}
+                for i in range(0, n, batch_size)]
+
+
+def kit_for(backend: str) -> BackendKit:
+    """The kit the installed backend ``backend`` declares in its DriverSpec (``testing_kit=``)."""
+    from .._errors import DriverNotFoundError
+    from .._plugins import available_drivers
+
+    specs = available_drivers()
+    if backend not in specs:
+        raise DriverNotFoundError(
+            f"backend={backend!r} is not installed; installed: {', '.join(sorted(specs)) or 'none'}."
+        )
+    spec = specs[backend]
+    if not spec.testing_kit:
+        raise DriverNotFoundError(
+            f"backend {backend!r} ({spec.distribution or 'unknown distribution'}) declares no testing kit; its "
+            "DriverSpec needs testing_kit='package.module:function' returning a drivetrain.testing.BackendKit."
+        )
+    module_name, _, attr = spec.testing_kit.partition(":")
+    kit = getattr(importlib.import_module(module_name), attr)()
+    if not isinstance(kit, BackendKit):
+        raise TypeError(f"{spec.testing_kit} returned {type(kit).__name__}, not a drivetrain.testing.BackendKit.")
+    return kit
