@@ -1,50 +1,96 @@
-"""``drivetrain`` command line: ``drivetrain backends`` lists what is installed and what is broken."""
+"""``drivetrain`` command line.
+
+``drivetrain backends`` lists the installed backends, their contract compatibility and the
+plugins that were refused; ``drivetrain backends --check NAME`` runs the conformance checks
+of ``drivetrain.testing`` on one installed backend and prints a pass/fail table per group.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TextIO
 
 from ._driver import CONTRACT_VERSION
-from ._plugins import KNOWN_BACKENDS, get_registry, install_hint
+from ._plugins import KNOWN_BACKENDS, contract_problem, get_registry, install_hint
 
 
-def _backends(out: object) -> int:
+def _backends(out: TextIO) -> int:
     registry = get_registry()
-    write = out.write  # type: ignore[attr-defined]
+    write = out.write
     write(f"drivetrain driver contract version {CONTRACT_VERSION}\n")
     if not registry.specs:
         write("no drivers installed\n")
     for name, spec in sorted(registry.specs.items()):
         caps = spec.capabilities
         framework = "installed" if spec.framework_installed() else f"MISSING ({spec.install_command})"
-        compatible = "yes" if CONTRACT_VERSION in spec.contract_versions else "NO"
+        problem = contract_problem(spec)
         write(f"\n{name}\n")
         write(f"  package:      {spec.distribution or '-'} {spec.version() or ''}\n")
         write(f"  framework:    {spec.framework} ({framework})\n")
-        write(f"  contract:     {list(spec.contract_versions)} (compatible: {compatible})\n")
+        write(f"  contract:     {list(spec.contract_versions)} (compatible: {'NO' if problem else 'yes'})\n")
+        if problem:
+            write(f"  fix:          {problem}\n")
         write(f"  precisions:   {', '.join(caps.precisions)}\n")
         write(f"  devices:      {', '.join(caps.devices)}\n")
         write(f"  distributed:  {', '.join(caps.distributed) or 'no'}\n")
+        write(f"  checks:       {'drivetrain backends --check ' + name if spec.testing_kit else 'no testing kit'}\n")
         for key, note in caps.notes.items():
             write(f"  note {key}: {note}\n")
     missing = [n for n in KNOWN_BACKENDS if n not in registry.specs]
     if missing:
         write("\nnot installed: " + ", ".join(f"{n} ({install_hint(n)})" for n in missing) + "\n")
     if registry.broken:
-        write("\nbroken plugins (skipped):\n")
+        write("\nrefused plugins (skipped):\n")
         for name, error in registry.broken.items():
             write(f"  {name}: {error}\n")
     return 1 if registry.broken else 0
 
 
+def _check(name: str, out: TextIO) -> int:
+    """Run the contract checks on backend ``name``: 0 all passed, 1 some failed, 2 could not run."""
+    from .testing import GROUPS, kit_for, run_contract_checks
+
+    spec = get_registry().specs.get(name)
+    try:
+        if spec is None:
+            raise LookupError(f"backend {name!r} is not installed; installed: {', '.join(sorted(get_registry().specs))}")
+        problem = contract_problem(spec)
+        if problem:
+            raise LookupError(problem)
+        kit = kit_for(name)
+    except Exception as exc:
+        out.write(f"cannot check {name!r}: {exc}\n")
+        return 2
+    out.write(f"contract checks for {name!r} ({spec.distribution or '-'} {spec.version() or ''}, "
+              f"framework {spec.framework}), driver contract version {CONTRACT_VERSION}\n\n")
+    results = run_contract_checks(kit)
+    width = max(len(group) for group in GROUPS)
+    out.write(f"{'group'.ljust(width)}  result  passed\n")
+    for group in GROUPS:
+        mine = [r for r in results if r.check.group == group]
+        if not mine:
+            continue
+        passed = sum(r.passed for r in mine)
+        verdict = "PASS" if passed == len(mine) else "FAIL"
+        seconds = sum(r.seconds for r in mine)
+        out.write(f"{group.ljust(width)}  {verdict:6}  {passed}/{len(mine)}  ({seconds:.2f} s)\n")
+    failures = [r for r in results if not r.passed]
+    for result in failures:
+        out.write(f"\nFAILED {result.check.name}: {result.error}\n")
+    out.write(f"\n{len(results) - len(failures)}/{len(results)} checks passed\n")
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="drivetrain", description="drivetrain utilities")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("backends", help="list installed backends, their versions, capabilities and broken plugins")
+    backends = sub.add_parser("backends", help="list installed backends, their versions, capabilities and "
+                              "refused plugins; --check NAME runs the conformance checks on one")
+    backends.add_argument("--check", metavar="NAME", help="run drivetrain.testing's contract checks on backend NAME")
     args = parser.parse_args(argv)
     if args.command == "backends":
-        return _backends(sys.stdout)
+        return _check(args.check, sys.stdout) if args.check else _backends(sys.stdout)
     return 2
 
 

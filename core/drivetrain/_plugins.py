@@ -12,6 +12,7 @@ import difflib
 import importlib
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -22,10 +23,16 @@ import pluggy
 
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import DriverNotFoundError, PluginLoadError
+from ._version import __version__
 
 PROJECT = "drivetrain"
 ENTRY_POINT_GROUP = "drivetrain"
 STRICT_ENV = "DRIVETRAIN_STRICT_PLUGINS"
+ALLOW_ENV = "DRIVETRAIN_PLUGINS_ALLOW"
+DENY_ENV = "DRIVETRAIN_PLUGINS_DENY"
+TRACE_ENV = "DRIVETRAIN_TRACE_PLUGINS"
+
+logger = logging.getLogger("drivetrain.plugins")
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -102,17 +109,83 @@ class DrivetrainHookspecs:
 
 @dataclass
 class Registry:
-    """The installed drivers and the plugins that failed to load."""
+    """The installed drivers, which distribution provides each, and the plugins that were refused."""
 
     manager: pluggy.PluginManager
     specs: dict[str, DriverSpec] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)
+    """Plugin (or ``plugin/driver``) name -> why it was skipped; shown by ``drivetrain backends``."""
+    origins: dict[str, str] = field(default_factory=dict)
+    """Plugin name -> the distribution it came from (``"<registered in code>"`` for register_plugin)."""
 
     def collect(self) -> None:
+        """Ask every plugin for its specs, one plugin at a time, so a bad one is named and skipped alone."""
         self.specs.clear()
-        for plugin_specs in self.manager.hook.drivetrain_driver_specs():
-            for spec in plugin_specs or ():
-                self.specs.setdefault(spec.name, spec)
+        providers: dict[str, str] = {}
+        for impl in self.manager.hook.drivetrain_driver_specs.get_hookimpls():  # in registration order
+            plugin = impl.plugin_name
+            origin = self.origins.get(plugin, "<registered in code>")
+            try:
+                answer = impl.function()
+                specs = _checked_specs(answer, plugin, origin)
+            except Exception as exc:
+                _refuse(self, plugin, f"{origin}: drivetrain_driver_specs() failed: {type(exc).__name__}: {exc}")
+                continue
+            _trace(f"hook drivetrain_driver_specs answered by plugin {plugin!r} ({origin}): "
+                   f"{[spec.name for spec in specs]}")
+            for spec in specs:
+                if not _driver_allowed(spec.name, plugin):
+                    _trace(f"driver {spec.name!r} from plugin {plugin!r} skipped by {ALLOW_ENV}/{DENY_ENV}")
+                    continue
+                if spec.name in self.specs:
+                    first = providers[spec.name]
+                    _refuse(self, f"{plugin}/{spec.name}",
+                            f"driver name {spec.name!r} is registered by both {first} and {origin} (plugin {plugin!r}); "
+                            f"drivetrain uses the one from {first}. Uninstall one of them, or skip one with "
+                            f"{DENY_ENV}=<its plugin name>.")
+                    continue
+                self.specs[spec.name] = spec
+                providers[spec.name] = origin
+
+
+def _checked_specs(answer: Any, plugin: str, origin: str) -> list[DriverSpec]:
+    """The hook's answer as a list of well-formed specs, or a ValueError saying what is wrong."""
+    if answer is None:
+        return []
+    if not isinstance(answer, (list, tuple)):
+        raise ValueError(f"it returned a {type(answer).__name__}; it must return a list of drivetrain.DriverSpec")
+    for spec in answer:
+        if not isinstance(spec, DriverSpec):
+            raise ValueError(f"it returned a {type(spec).__name__} in its list; every item must be a drivetrain.DriverSpec")
+        problems = []
+        if not isinstance(spec.name, str) or not spec.name or spec.name == "auto" or spec.name != spec.name.strip():
+            problems.append(f"name={spec.name!r} must be a non-empty name other than 'auto'")
+        if not isinstance(spec.framework, str) or not spec.framework:
+            problems.append(f"framework={spec.framework!r} must name the framework's top-level module")
+        for attr in ("factory", "seed_function", "testing_kit"):
+            value = getattr(spec, attr)
+            if (value is not None or attr == "factory") and (
+                    not isinstance(value, str) or value.count(":") != 1 or not all(value.split(":"))):
+                problems.append(f"{attr}={value!r} must be 'package.module:function'")
+        if not isinstance(spec.contract_versions, tuple) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in spec.contract_versions):
+            problems.append(f"contract_versions={spec.contract_versions!r} must be a tuple of ints, e.g. "
+                            f"({CONTRACT_VERSION},)")
+        if not isinstance(spec.capabilities, Capabilities):
+            problems.append(f"capabilities={spec.capabilities!r} must be a drivetrain.Capabilities")
+        if problems:
+            raise ValueError(f"its DriverSpec {spec.name!r} is malformed: " + "; ".join(problems))
+    return list(answer)
+
+
+def _refuse(registry: Registry, key: str, message: str) -> None:
+    """Skip a plugin (or one of its drivers) with a warning; an error under strict mode."""
+    if _strict():
+        raise PluginLoadError(f"drivetrain plugin {key!r} refused: {message} Unset {STRICT_ENV} to skip it with a "
+                              "warning instead.")
+    registry.broken[key] = message
+    _trace(f"plugin {key!r} refused: {message}")
+    warnings.warn(f"drivetrain plugin {key!r} is skipped: {message}", RuntimeWarning, stacklevel=4)
 
 
 _registry: Registry | None = None
@@ -122,36 +195,78 @@ def _strict() -> bool:
     return os.environ.get(STRICT_ENV, "").lower() in ("1", "true", "yes")
 
 
-def _load_entry_points(manager: pluggy.PluginManager, broken: dict[str, str]) -> None:
+def _name_list(variable: str) -> set[str] | None:
+    value = os.environ.get(variable)
+    if value is None or not value.strip():
+        return None
+    return {name.strip() for name in value.split(",") if name.strip()}
+
+
+def _allowed(name: str) -> bool:
+    """Whether the allow/deny environment lists let plugin or driver ``name`` in."""
+    deny = _name_list(DENY_ENV)
+    if deny is not None and name in deny:
+        return False
+    allow = _name_list(ALLOW_ENV)
+    return allow is None or name in allow
+
+
+def _driver_allowed(driver: str, plugin: str) -> bool:
+    """A driver is skipped when its name or its plugin's is denied, or an allow list names neither."""
+    deny = _name_list(DENY_ENV) or set()
+    if driver in deny or plugin in deny:
+        return False
+    allow = _name_list(ALLOW_ENV)
+    return allow is None or driver in allow or plugin in allow
+
+
+def _trace(message: str) -> None:
+    logger.debug(message)
+
+
+def _configure_tracing() -> None:
+    """Under DRIVETRAIN_TRACE_PLUGINS=1, send the plugin log to stderr (once) at DEBUG level."""
+    if os.environ.get(TRACE_ENV, "").lower() not in ("1", "true", "yes"):
+        return
+    logger.setLevel(logging.DEBUG)
+    if not any(getattr(h, "_drivetrain_trace", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("drivetrain.plugins: %(message)s"))
+        handler._drivetrain_trace = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+
+
+def _load_entry_points(registry: Registry) -> None:
+    manager = registry.manager
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if manager.get_plugin(ep.name) is not None:
             continue
+        origin = ep.dist.name if ep.dist is not None else "an unknown distribution"
+        if not _allowed(ep.name):
+            _trace(f"plugin {ep.name!r} ({origin}, {ep.value}) not loaded: excluded by {ALLOW_ENV}/{DENY_ENV}")
+            continue
+        registry.origins[ep.name] = origin
         try:
             plugin = ep.load()
             manager.register(plugin, name=ep.name)
         except Exception as exc:  # a broken third-party plugin must not take the others down
-            message = f"{type(exc).__name__}: {exc}"
-            if _strict():
-                raise PluginLoadError(
-                    f"drivetrain plugin {ep.name!r} ({ep.value}) failed to load: {message}. "
-                    f"Unset {STRICT_ENV} to skip broken plugins with a warning."
-                ) from exc
-            broken[ep.name] = message
-            warnings.warn(
-                f"drivetrain plugin {ep.name!r} ({ep.value}) failed to load and is skipped: {message}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            _refuse(registry, ep.name,
+                    f"{origin}'s entry point `{ep.name} = {ep.value}` (group {ENTRY_POINT_GROUP!r}) cannot be loaded: "
+                    f"{type(exc).__name__}: {exc}. Fix the entry point in {origin}'s pyproject.toml or reinstall "
+                    f"{origin}.")
+            continue
+        _trace(f"plugin {ep.name!r} loaded from {origin} ({ep.value})")
 
 
 def get_registry() -> Registry:
     """The process-wide registry, built on first use from the ``drivetrain`` entry points."""
     global _registry
     if _registry is None:
+        _configure_tracing()
         manager = pluggy.PluginManager(PROJECT)
         manager.add_hookspecs(DrivetrainHookspecs)
         registry = Registry(manager)
-        _load_entry_points(manager, registry.broken)
+        _load_entry_points(registry)
         registry.collect()
         _registry = registry
     return _registry
@@ -172,6 +287,24 @@ def reset_registry() -> None:
 
 def available_drivers() -> dict[str, DriverSpec]:
     return dict(get_registry().specs)
+
+
+def contract_problem(spec: DriverSpec) -> str | None:
+    """Why this drivetrain cannot use ``spec``'s driver contract, naming both versions and the fix; None if it can."""
+    package = spec.distribution or f"the package providing driver {spec.name!r}"
+    if not spec.contract_versions:
+        return (f"{package} declares no driver contract version; its DriverSpec must say "
+                f"contract_versions=({CONTRACT_VERSION},) if it implements drivetrain's contract version "
+                f"{CONTRACT_VERSION}. Upgrade {package} ({spec.install_command} --upgrade).")
+    if CONTRACT_VERSION in spec.contract_versions:
+        return None
+    versions = ", ".join(str(v) for v in sorted(spec.contract_versions))
+    mine = f"drivetrain {__version__} implements driver contract version {CONTRACT_VERSION}"
+    if max(spec.contract_versions) < CONTRACT_VERSION:
+        return (f"{package} implements driver contract version(s) {versions}, older than {mine}. "
+                f"Upgrade the backend: {spec.install_command} --upgrade (or install an older drivetrain).")
+    return (f"{package} implements driver contract version(s) {versions}, newer than {mine}. "
+            f'Upgrade drivetrain: pip install --upgrade drivetrain (or install an older {package}).')
 
 
 def resolve_spec(driver: str, model: Any) -> DriverSpec:
@@ -204,18 +337,9 @@ def resolve_spec(driver: str, model: Any) -> DriverSpec:
         raise DriverNotFoundError(
             f"driver={driver!r} is unknown; installed drivers: {', '.join(installed) or 'none'}.{hint}{broken}"
         )
-    if not spec.contract_versions:
-        raise DriverNotFoundError(
-            f"driver {spec.name!r} declares no driver contract version; its DriverSpec must say "
-            f"contract_versions=({CONTRACT_VERSION},) if it implements this drivetrain's contract. "
-            f"Upgrade the backend ({spec.install_command} --upgrade)."
-        )
-    if CONTRACT_VERSION not in spec.contract_versions:
-        raise DriverNotFoundError(
-            f"driver {spec.name!r} implements driver contract version(s) {list(spec.contract_versions)} but this "
-            f"drivetrain needs version {CONTRACT_VERSION}; upgrade the backend ({spec.install_command} --upgrade) "
-            "or install a drivetrain release that matches it."
-        )
+    problem = contract_problem(spec)
+    if problem:
+        raise DriverNotFoundError(f"driver {spec.name!r}: {problem}")
     if not spec.framework_installed():
         raise DriverNotFoundError(
             f"driver={spec.name!r} needs the framework module {spec.framework!r}, which is not installed. "

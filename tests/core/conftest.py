@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-drivetrain_numpy = pytest.importorskip("drivetrain_numpy", reason="install tests/numpy_driver (pip install -e tests/numpy_driver)")
+drivetrain_numpy = pytest.importorskip("drivetrain_numpy", reason="install the example backend (pip install -e examples/third_party_backend)")
 
 
 def make_regression(n: int = 64, in_features: int = 3, seed: int = 0) -> dict[str, np.ndarray]:

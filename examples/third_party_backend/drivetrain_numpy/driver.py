@@ -9,7 +9,7 @@ import numpy as np
 import safetensors.numpy
 
 from drivetrain import Driver, DriverError, ReproducibleBatchSampler
-from drivetrain._checkpoint.safetensors_writer import array_buffer
+from drivetrain.backend import array_buffer
 
 from .data import ArrayLoader
 from .model import LinearModel, NumpyLoss

@@ -13,7 +13,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
             model_modules=("drivetrain_numpy",),
             capabilities=Capabilities(precisions=("fp32",), devices=("cpu",),
                                       notes={"purpose": "reference driver for tests; linear models only"}),
-            distribution="drivetrain-numpy-testdriver",
+            distribution="drivetrain-numpy",
             contract_versions=(CONTRACT_VERSION,),
             testing_kit="drivetrain_numpy.testing_kit:numpy_kit",
         )
