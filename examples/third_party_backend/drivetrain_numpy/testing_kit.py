@@ -13,6 +13,7 @@ from .optim import SGD
 def numpy_kit() -> BackendKit:
     return BackendKit(
         driver="numpy",
+        framework="numpy",  # the module the driver needs; defaults to the driver name
         make_model=lambda: LinearModel(IN_FEATURES, CLASSES, loss="ce"),
         make_optimizer=lambda model, lr: SGD(model.params, model.grads, lr=lr),
         to_tensor=lambda array: array,
