@@ -99,17 +99,38 @@ class ReproducibleBatchSampler:
         order = self.order()
         start, self._start = self._start, 0
         self._epoch_start_offset = start
-        n, width, w = self.dataset_len, self.global_batch_size, self.num_replicas
-        for lo in range(start, n, width):
-            chunk = order[lo:lo + width]
-            if len(chunk) < width:
-                if self.drop_last:
-                    return
-                if w > 1:  # every rank needs a batch of the same size: pad from the start of the order
-                    per_rank = -(-len(chunk) // w)
-                    chunk = np.concatenate([chunk, order[:per_rank * w - len(chunk)]])
-            per_rank = len(chunk) // w
-            yield chunk[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
+        self._iteration = (order, start)
+        for lo in range(start, self.dataset_len, self.global_batch_size):
+            indices = self._rank_part(order, lo)
+            if indices is None:
+                return
+            yield indices
+
+    def _rank_part(self, order: np.ndarray, lo: int) -> list[int] | None:
+        """This rank's share of the global batch starting at ``order[lo]``; None when drop_last drops it."""
+        width, w = self.global_batch_size, self.num_replicas
+        chunk = order[lo:lo + width]
+        if len(chunk) < width:
+            if self.drop_last:
+                return None
+            if w > 1:  # every rank needs a batch of the same size: pad from the start of the order
+                per_rank = -(-len(chunk) // w)
+                chunk = np.concatenate([chunk, order[:per_rank * w - len(chunk)]])
+        per_rank = len(chunk) // w
+        return chunk[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
+
+    def batch_indices(self, batches_since_start: int) -> list[int] | None:
+        """The dataset indices of batch ``batches_since_start`` of the running iteration (None before one).
+
+        Computed from the iteration's order, not remembered from what was yielded, so it is
+        right even when a dataloader's workers have already fetched batches ahead.
+        """
+        iteration = getattr(self, "_iteration", None)
+        if iteration is None:
+            return None
+        order, start = iteration
+        lo = start + batches_since_start * self.global_batch_size
+        return self._rank_part(order, lo) if lo < self.dataset_len else None
 
     def __len__(self) -> int:
         """Batches per rank in a whole epoch (a resumed epoch yields fewer)."""

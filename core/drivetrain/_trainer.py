@@ -404,7 +404,10 @@ class Trainer:
                 fire("on_fetch_data_end")
             batch = move_data_to_device(batch)
             if batch_begin:
-                fire("on_train_batch_begin", batch, None)
+                sampler = self._sampler
+                indices = None if sampler is None else sampler.batch_indices(
+                    self.batch_idx_in_epoch - self._epoch_start_batch)
+                fire("on_train_batch_begin", batch, indices)
             batch_step_fn(self, batch)
             self.batch_idx_in_epoch += 1
             self.global_forward_batches += 1

@@ -201,3 +201,33 @@ def test_explicit_load_checkpoint_then_run_keeps_a_cycle_in_progress(tmp_path):
     resumed.load_checkpoint(tmp_path / "step-00007")
     resumed.run()
     np.testing.assert_array_equal(resumed.model.params["weight"], reference.model.params["weight"])
+
+
+def _record_indices(trainer, seen):
+    def record(t, batch, indices):
+        seen.append((t.cur_epoch_idx, indices, batch["x"].copy()))
+    trainer.add_callback_fn(Event.on_train_batch_begin(), record)
+
+
+def test_on_train_batch_begin_gets_the_batchs_dataset_indices(tmp_path):
+    """indices name the very samples of the batch, cover each epoch once, and continue after a resume."""
+    data = make_regression(n=50)
+    seed_everything(0)
+    trainer = make_trainer(n_epochs=2, callbacks=[])
+    seen = []
+    _record_indices(trainer, seen)
+    trainer.run()
+    for epoch in (0, 1):
+        batches = [(indices, x) for e, indices, x in seen if e == epoch]
+        assert sorted(i for indices, _ in batches for i in indices) == list(range(50))
+        for indices, x in batches:
+            np.testing.assert_array_equal(x, data["x"][indices])
+    first_epoch = [indices for e, indices, _ in seen if e == 0]
+    assert first_epoch != sorted(first_epoch), "the loader shuffles, so the indices are not in order"
+
+    run_until(5, str(tmp_path))
+    resumed = make_trainer(n_epochs=2, callbacks=[])
+    after = []
+    _record_indices(resumed, after)
+    resumed.run(resume_from=str(tmp_path))
+    assert [indices for _, indices, _ in after] == [indices for _, indices, _ in seen][5:]
