@@ -18,8 +18,28 @@ from ._checkpoint.safetensors_writer import array_buffer
 from ._dataloaders import OverfitLoader
 from ._errors import DriverError
 from ._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
+from ._spawn import (
+    READY_KEY,
+    SPAWN_PARENT_ENV,
+    CheckedStore,
+    FailureBoard,
+    Launcher,
+    exception_summary,
+    exit_description,
+    relaunch_command,
+)
 
 __all__ = [
+    # distributed runs (see drivetrain._spawn): self-launch and naming the rank that failed
+    "READY_KEY",  # a spawned rank sets it in the store once it reached the Trainer
+    "SPAWN_PARENT_ENV",  # set in the environment of processes the Trainer started
+    "CheckedStore",
+    "FailureBoard",
+    "Launcher",
+    "exception_summary",
+    "exit_description",
+    "relaunch_command",
+    # data
     "OverfitLoader",  # what the Trainer wraps a loader in for overfit_batches; a driver unwraps it
     "ReproducibleBatchSampler",  # the resumable, shardable training sampler a driver installs
     "UnrepeatedBatchSampler",  # the evaluation sampler: each rank its own shard, once, no padding

@@ -26,11 +26,9 @@ from typing import Any
 import torch
 
 from drivetrain._errors import DriverError
+from drivetrain.backend import SPAWN_PARENT_ENV
 
 from ._device import model_device, resolve_device
-
-SPAWN_PARENT_ENV = "DRIVETRAIN_SPAWN_PARENT"
-"""Set in the environment of processes the Trainer started; holds the parent's pid."""
 
 DEFAULT_TIMEOUT = 60.0
 

@@ -14,7 +14,7 @@ single-process one:
 - dataloaders are re-sampled so each rank takes its share of every global batch
   (training) or its own contiguous shard (evaluation);
 - a collective that fails because a peer died or stalled raises a
-  :class:`DistributedError` naming that peer when it said why (see :mod:`._failures`).
+  :class:`DistributedError` naming that peer when it said why (see :class:`drivetrain.backend.FailureBoard`).
 """
 
 from __future__ import annotations
@@ -34,12 +34,18 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from drivetrain._errors import ConfigurationError, DriverError, DrivetrainError
-from drivetrain.backend import OverfitLoader, find_reproducible_sampler
+from drivetrain.backend import (
+    READY_KEY,
+    FailureBoard,
+    Launcher,
+    OverfitLoader,
+    exception_summary,
+    find_reproducible_sampler,
+)
 
 from ._dataloader import describe_sampling, reproducible_dataloader, unrepeated_dataloader
 from ._dist_plan import DIST_KWARGS, DistPlan
-from ._failures import READY_KEY, FailureBoard, exception_summary
-from ._launch import Launcher, relaunch_command
+from ._launch import start_children, torch_relaunch_command
 from .driver import FRAMEWORK_KWARGS, TorchSingleDriver
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -107,7 +113,7 @@ class TorchDDPDriver(TorchSingleDriver):
         super().__init__(model, plan.device, precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
                          model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
         if plan.launch == "spawn":
-            self._command = relaunch_command()  # refuse a notebook / python -c before anything starts
+            self._command = torch_relaunch_command()  # refuse a notebook / python -c before anything starts
         self.plan = plan
         self._user_ddp = isinstance(model, DistributedDataParallel)
         self._ddp: DistributedDataParallel | None = model if self._user_ddp else None
@@ -176,15 +182,15 @@ class TorchDDPDriver(TorchSingleDriver):
                 store.set(READY_KEY.format(rank=plan.rank), "1")
                 dist.init_process_group(store=dist.PrefixStore("default_pg", store), **options)
             return
-        self._launcher = Launcher(plan.world_size, plan.timeout, plan.spawn_output, self._command)
         try:
-            store = self._launcher.start()
+            self._launcher, store = start_children(plan.world_size, plan.timeout, plan.spawn_output, self._command)
             self._launcher.wait_ready()
             with self._collective(what):
                 # the prefix env:// gives its store, so this group and the children's meet in one namespace
                 dist.init_process_group(store=dist.PrefixStore("default_pg", store), **options)
         except BaseException:
-            self._launcher.note_failed()  # at exit, stop the children rather than wait for them
+            if self._launcher is not None:
+                self._launcher.note_failed()  # at exit, stop the children rather than wait for them
             raise
 
     def on_exception(self) -> None:
