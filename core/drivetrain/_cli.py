@@ -37,7 +37,10 @@ def _backends(out: TextIO) -> int:
         write(f"  checks:       {'drivetrain backends --check ' + name if spec.testing_kit else 'no testing kit'}\n")
         for key, note in caps.notes.items():
             write(f"  note {key}: {note}\n")
-    missing = [n for n in KNOWN_BACKENDS if n not in registry.specs]
+    if registry.skipped:
+        write("\nleft out by DRIVETRAIN_PLUGINS_ALLOW/DRIVETRAIN_PLUGINS_DENY: "
+              + ", ".join(f"{n} ({dist})" for n, dist in sorted(registry.skipped.items())) + "\n")
+    missing = [n for n in KNOWN_BACKENDS if n not in registry.specs and n not in registry.skipped]
     if missing:
         write("\nnot installed: " + ", ".join(f"{n} ({install_hint(n)})" for n in missing) + "\n")
     if registry.broken:

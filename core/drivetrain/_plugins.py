@@ -117,6 +117,8 @@ class Registry:
     """Plugin (or ``plugin/driver``) name -> why it was skipped; shown by ``drivetrain backends``."""
     origins: dict[str, str] = field(default_factory=dict)
     """Plugin name -> the distribution it came from (``"<registered in code>"`` for register_plugin)."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Plugin or driver name -> the distribution of what the allow/deny lists left out."""
 
     def collect(self) -> None:
         """Ask every plugin for its specs, one plugin at a time, so a bad one is named and skipped alone."""
@@ -136,7 +138,9 @@ class Registry:
             for spec in specs:
                 if not _driver_allowed(spec.name, plugin):
                     _trace(f"driver {spec.name!r} from plugin {plugin!r} skipped by {ALLOW_ENV}/{DENY_ENV}")
+                    self.skipped[spec.name] = origin
                     continue
+                origin = spec.distribution or self.origins.get(plugin, "<registered in code>")
                 if spec.name in self.specs:
                     first = providers[spec.name]
                     _refuse(self, f"{plugin}/{spec.name}",
@@ -244,6 +248,7 @@ def _load_entry_points(registry: Registry) -> None:
         origin = ep.dist.name if ep.dist is not None else "an unknown distribution"
         if not _allowed(ep.name):
             _trace(f"plugin {ep.name!r} ({origin}, {ep.value}) not loaded: excluded by {ALLOW_ENV}/{DENY_ENV}")
+            registry.skipped[ep.name] = origin
             continue
         registry.origins[ep.name] = origin
         try:
@@ -322,7 +327,8 @@ def resolve_spec(driver: str, model: Any) -> DriverSpec:
                 f"{', '.join(installed) or 'none'}. Pass driver='<name>' or install the backend, "
                 f"e.g. {install_hint('torch')}."
             )
-        spec = claimed[0]
+        usable = [spec for spec in claimed if contract_problem(spec) is None and spec.framework_installed()]
+        spec = (usable or claimed)[0]  # a usable one if any; else the first, whose error says what to fix
     elif driver in registry.specs:
         spec = registry.specs[driver]
     else:

@@ -257,3 +257,37 @@ def test_check_without_a_kit_says_how_to_declare_one(registered):
 
 def test_strict_plugin_error_class_is_public():
     assert issubclass(PluginLoadError, ImportError)
+
+
+def test_auto_prefers_a_backend_that_can_be_used(registered):
+    """Two backends claim a model; the first one found implements another contract: auto takes the other."""
+    class Claiming:
+        def __init__(self, name, versions):
+            self.spec = DriverSpec(name=name, framework="json", factory="json:loads", contract_versions=versions,
+                                   model_modules=("fractions",))
+
+        @hookimpl
+        def drivetrain_driver_specs(self):
+            return [self.spec]
+
+    from fractions import Fraction
+
+    drivetrain.register_plugin(Claiming("stale", (0,)), name="stale-plugin")
+    drivetrain.register_plugin(Claiming("fresh", (drivetrain.CONTRACT_VERSION,)), name="fresh-plugin")
+    assert resolve_spec("auto", Fraction(1, 2)).name == "fresh"
+
+
+def test_cli_says_a_denied_backend_is_left_out_not_missing(tmp_path):
+    result = run_python("from drivetrain._cli import main; main(['backends'])",
+                        env={"DRIVETRAIN_PLUGINS_DENY": "numpy"})
+    assert "left out by DRIVETRAIN_PLUGINS_ALLOW/DRIVETRAIN_PLUGINS_DENY: numpy (drivetrain-numpy)" in result.stdout
+    assert "\nnumpy\n" not in result.stdout
+
+
+def test_duplicate_message_uses_the_specs_distribution(tmp_path):
+    path = spec_plugin(tmp_path, "clone-dist", "clone_plugin",
+                       '[DriverSpec(name="numpy", framework="numpy", factory="json:loads", contract_versions=(1,), '
+                       'distribution="drivetrain-numpy-clone")]')
+    result = run_python(DISCOVER, extra_path=path)
+    warning = next(line for line in result.stdout.splitlines() if "registered by both" in line)
+    assert "drivetrain-numpy-clone" in warning and "drivetrain-numpy " in warning

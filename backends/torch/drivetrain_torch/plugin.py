@@ -7,7 +7,7 @@ The ``drivetrain`` entry-point group points here; the core calls
 
 from __future__ import annotations
 
-from drivetrain import CONTRACT_VERSION, Capabilities, DriverSpec, hookimpl
+from drivetrain import Capabilities, DriverSpec, hookimpl
 
 CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16", "bf16"),
@@ -40,7 +40,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
             model_modules=("torch",),
             capabilities=CAPABILITIES,
             distribution="drivetrain-torch",
-            contract_versions=(CONTRACT_VERSION,),
+            contract_versions=(1,),  # what this release implements; never CONTRACT_VERSION (that follows the core)
             seed_function="drivetrain_torch.plugin:seed_torch",
             testing_kit="drivetrain_torch.testing_kit:torch_kit",
         )

@@ -1,6 +1,6 @@
 """Entry point: describes the numpy driver without building anything."""
 
-from drivetrain import CONTRACT_VERSION, Capabilities, DriverSpec, hookimpl
+from drivetrain import Capabilities, DriverSpec, hookimpl
 
 
 @hookimpl
@@ -14,7 +14,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
             capabilities=Capabilities(precisions=("fp32",), devices=("cpu",),
                                       notes={"purpose": "reference driver for tests; linear models only"}),
             distribution="drivetrain-numpy",
-            contract_versions=(CONTRACT_VERSION,),
+            contract_versions=(1,),  # what this release implements; never CONTRACT_VERSION (that follows the core)
             testing_kit="drivetrain_numpy.testing_kit:numpy_kit",
         )
     ]
