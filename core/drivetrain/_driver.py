@@ -146,7 +146,8 @@ class Driver(abc.ABC):
 
     def model_call(self, batch: Any, fn: Callable, signature_fn: Callable | None) -> Any:
         """Call ``fn`` with ``batch``: matched by parameter name when the batch is a dict."""
-        if isinstance(batch, Mapping) and not self.model_wo_auto_param_call:
+        # type() first: the ABC check of isinstance(batch, Mapping) costs more than the call it guards
+        if (type(batch) is dict or isinstance(batch, Mapping)) and not self.model_wo_auto_param_call:
             return auto_param_call(fn, batch, signature_fn=signature_fn)
         return fn(batch)
 
