@@ -94,7 +94,7 @@ def test_other_sampling_is_left_alone(model, make_driver) -> None:
 def test_distributed_sharding_belongs_to_the_distributed_driver(model, make_driver, dist) -> None:
     d = make_driver(model)
     loader = paddle.io.DataLoader(Indexed(), batch_size=4)
-    with pytest.raises(DriverError, match="distributed paddle comes with the paddle distributed driver"):
+    with pytest.raises(DriverError, match="needs the distributed paddle driver"):
         d.set_dist_repro_dataloader(loader, dist=dist, reproducible=True)
 
 

@@ -59,7 +59,7 @@ def test_spec_describes_the_driver_honestly() -> None:
     assert "paddlepaddle==3.3.1" in spec.install_command
     caps = spec.capabilities
     assert caps.precisions == ("fp32", "fp16", "bf16")
-    assert caps.distributed == ()
+    assert caps.distributed == ("ddp", "fleet")
     assert set(caps.devices) == {"cpu", "gpu"}
     for precision in ("fp16", "bf16"):  # the CPU truth is stated, not hidden
         assert "no" in caps.notes[precision] and "CPU" in caps.notes[precision] and "fp32" in caps.notes[precision]

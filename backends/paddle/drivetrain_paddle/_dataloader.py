@@ -19,7 +19,7 @@ a dataset whose samples hold paddle tensors end in a segfault, not an error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,26 +27,73 @@ import paddle
 from paddle.io import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequenceSampler
 
 from drivetrain._errors import DriverError
-from drivetrain._sampler import ReproducibleBatchSampler
+from drivetrain._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler
 
 _COPIED = ("feed_list", "return_list", "collate_fn", "num_workers", "use_buffer_reader", "reader_buffer_size",
            "prefetch_factor", "use_shared_memory", "timeout", "worker_init_fn")
 
 
-def reproducible_dataloader(dataloader: Any) -> Any:
+def reproducible_dataloader(dataloader: Any, *, num_replicas: int = 1, rank: int = 0, even_batches: bool = False,
+                            agree_seed: Callable[[int], int] | None = None) -> Any:
     """A copy of ``dataloader`` with a :class:`ReproducibleBatchSampler`, or ``dataloader`` itself
-    when its sampling is not the default one (or it is not a plain paddle DataLoader)."""
+    when its sampling is not the default one (or it is not a plain paddle DataLoader).
+
+    Distributed (``num_replicas`` > 1): the sampler gives rank ``rank`` its share of every
+    global batch. ``agree_seed`` turns the locally drawn seed into the one every process
+    uses (a broadcast from rank 0), since processes that shuffle differently would train
+    on overlapping shares.
+    """
     batch_sampler = _default_batch_sampler(dataloader)
     if batch_sampler is None:
         return dataloader
+    seed = int(np.random.randint(2**31))  # what paddle's RandomSampler would have drawn from
+    if agree_seed is not None:
+        seed = agree_seed(seed)
     repro = ReproducibleBatchSampler(
         len(dataloader.dataset),
         batch_sampler.batch_size,
         shuffle=isinstance(batch_sampler.sampler, RandomSampler),
         drop_last=batch_sampler.drop_last,
-        seed=int(np.random.randint(2**31)),  # what paddle's RandomSampler would have drawn from
+        seed=seed,
+        num_replicas=num_replicas,
+        rank=rank,
+        even_batches=even_batches,
     )
     return DataLoader(dataloader.dataset, batch_sampler=repro, **_settings(dataloader))
+
+
+def unrepeated_dataloader(dataloader: Any, *, num_replicas: int, rank: int) -> Any:
+    """A copy of ``dataloader`` that reads only rank ``rank``'s contiguous shard, each sample once, or None
+    when its sampling is not the default one.
+
+    For evaluation: the shards together are exactly what one process reads (with
+    ``drop_last`` the same trailing samples are left out), so metrics reduced across
+    processes equal a single-process evaluation; shuffling does not change a metric.
+    """
+    batch_sampler = _default_batch_sampler(dataloader)
+    if batch_sampler is None:
+        return None
+    size, batch_size = len(dataloader.dataset), batch_sampler.batch_size
+    if batch_sampler.drop_last:
+        size -= size % batch_size
+    shard = UnrepeatedBatchSampler(size, batch_size, num_replicas=num_replicas, rank=rank)
+    return DataLoader(dataloader.dataset, batch_sampler=shard, **_settings(dataloader))
+
+
+def describe_sampling(dataloader: Any) -> str:
+    """Why the sampling of ``dataloader`` cannot be replaced, in words."""
+    if not isinstance(dataloader, DataLoader):
+        return f"it is a {type(dataloader).__module__}.{type(dataloader).__qualname__}, not a paddle.io.DataLoader"
+    if type(dataloader) is not DataLoader:
+        return f"it is a DataLoader subclass ({type(dataloader).__qualname__}), which may need other arguments"
+    if isinstance(dataloader.dataset, IterableDataset):
+        return "its dataset is an IterableDataset, which has no indices to share out"
+    batch_sampler = dataloader.batch_sampler
+    if batch_sampler is None:
+        return "it was built with batch_size=None (no batching)"
+    if type(batch_sampler) is not BatchSampler:
+        return f"it uses its own batch_sampler ({type(batch_sampler).__qualname__})"
+    return f"it uses its own sampler ({type(batch_sampler.sampler).__qualname__}) or one over part of the dataset"
 
 
 def _default_batch_sampler(dataloader: Any) -> BatchSampler | None:

@@ -40,8 +40,6 @@ FRAMEWORK_KWARGS: dict[str, str] = {
     "set_to_zero": "bool (default False): zero_grad fills gradients with zeros instead of releasing them",
 }
 _SCALER_KEYS = frozenset(SCALER_KWARGS)
-_DISTRIBUTED_ONLY_KWARGS = ("fleet", "strategy", "dist_strategy", "find_unused_parameters", "backend",
-                            "init_method", "group")
 
 _LOW_PRECISION_FLOATS = (paddle.float16, paddle.bfloat16)
 
@@ -50,6 +48,7 @@ def create_driver(
     model: Any,
     device: Any,
     *,
+    nproc: int | None = None,
     precision: str = "fp32",
     grad_clip: float | None = None,
     grad_clip_type: str = "norm",
@@ -58,53 +57,61 @@ def create_driver(
 ) -> PaddleSingleDriver:
     """Build the paddle driver for ``model`` on ``device`` (see :mod:`drivetrain_paddle._device` for devices).
 
-    ``framework_kwargs`` holds paddle-only options (:data:`FRAMEWORK_KWARGS`); the
-    Trainer's ``paddle_kwargs=`` arrives here under that name. A list of several
-    devices asks for data-parallel training, which belongs to the distributed paddle
-    driver; a one-element list means that single device.
+    ``framework_kwargs`` holds paddle-only options (:data:`FRAMEWORK_KWARGS`, plus
+    :data:`~drivetrain_paddle._dist_plan.DIST_KWARGS` when distributed); the Trainer's
+    ``paddle_kwargs=`` arrives here under that name. The distributed driver
+    (:class:`~drivetrain_paddle.distributed.PaddleDataParallelDriver`) is chosen when the
+    parallel environment is already initialised, under paddle's launcher with more than
+    one process, for a list of several devices, or for ``nproc > 1``; otherwise one
+    process drives one device (a one-element device list means that device).
     """
+    _check_model(model)
+    if framework_kwargs is not None and not isinstance(framework_kwargs, Mapping):
+        _check_framework_kwargs(framework_kwargs, FRAMEWORK_KWARGS)
+    from ._dist_plan import plan_distributed
+
+    plan = plan_distributed(model, device, nproc, framework_kwargs or {})
+    options = dict(precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
+                   model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
+    if plan is not None:
+        from .distributed import PaddleDataParallelDriver
+
+        return PaddleDataParallelDriver(model, plan, **options)
     if isinstance(device, (list, tuple)):
-        if len(device) == 1:
-            device = device[0]
-        else:
-            return _create_distributed_driver(model, device)
-    return PaddleSingleDriver(
-        model,
-        device,
-        precision=precision,
-        grad_clip=grad_clip,
-        grad_clip_type=grad_clip_type,
-        model_wo_auto_param_call=model_wo_auto_param_call,
-        framework_kwargs=framework_kwargs,
-    )
+        device = device[0]
+    return PaddleSingleDriver(model, device, **options)
 
 
-def _create_distributed_driver(model: Any, devices: Any) -> Driver:
-    """The hook where the distributed (paddle.distributed / fleet) driver will be built."""
-    raise DriverError(
-        f"device={devices!r} asks for several devices, i.e. distributed training; distributed paddle comes "
-        "with the paddle distributed driver, which this drivetrain-paddle release does not include yet. "
-        "Pass a single device, e.g. device='gpu:0' or device='cpu'."
-    )
+def _check_model(model: Any) -> None:
+    if not isinstance(model, paddle.nn.Layer):
+        kind = (
+            "a class; pass an instance, e.g. MyNet()"
+            if isinstance(model, type)
+            else f"a {type(model).__module__}.{type(model).__qualname__}"
+        )
+        raise DriverError(f"model={model!r:.80} is {kind}; the paddle driver needs a paddle.nn.Layer.")
 
 
-def _check_framework_kwargs(framework_kwargs: Any) -> dict[str, Any]:
+def _check_framework_kwargs(framework_kwargs: Any, accepted: Mapping[str, str]) -> dict[str, Any]:
+    from ._dist_plan import DIST_KWARGS
+
     if framework_kwargs is None:
         return {}
     if not isinstance(framework_kwargs, Mapping):
         raise DriverError(
-            f"paddle_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(FRAMEWORK_KWARGS)}."
+            f"paddle_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(accepted)}."
         )
     for key in framework_kwargs:
-        if key in FRAMEWORK_KWARGS:
+        if key in accepted:
             continue
-        if key in _DISTRIBUTED_ONLY_KWARGS:
+        if key in DIST_KWARGS:
             raise DriverError(
-                f"paddle_kwargs[{key!r}] applies to distributed paddle training, which this single-process "
-                "driver does not do; remove it."
+                f"paddle_kwargs[{key!r}] applies to distributed paddle training, but this run is a single process; "
+                "remove it, or train distributed: device=[0, 1], nproc=N, or start the script with "
+                "python -m paddle.distributed.launch."
             )
-        accepted = "; ".join(f"{name}: {what}" for name, what in FRAMEWORK_KWARGS.items())
-        raise DriverError(f"paddle_kwargs[{key!r}] is not a paddle driver option; accepted: {accepted}.")
+        described = "; ".join(f"{name}: {what}" for name, what in accepted.items())
+        raise DriverError(f"paddle_kwargs[{key!r}] is not a paddle driver option; accepted: {described}.")
     return dict(framework_kwargs)
 
 
@@ -121,6 +128,7 @@ class PaddleSingleDriver(Driver):
     name = "paddle"
     capabilities = CAPABILITIES
     default_forward_name = "forward"
+    accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
 
     def __init__(
         self,
@@ -133,13 +141,7 @@ class PaddleSingleDriver(Driver):
         model_wo_auto_param_call: bool = False,
         framework_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if not isinstance(model, paddle.nn.Layer):
-            kind = (
-                "a class; pass an instance, e.g. MyNet()"
-                if isinstance(model, type)
-                else f"a {type(model).__module__}.{type(model).__qualname__}"
-            )
-            raise DriverError(f"model={model!r:.80} is {kind}; the paddle driver needs a paddle.nn.Layer.")
+        _check_model(model)
         super().__init__(
             model,
             precision=precision,
@@ -147,7 +149,7 @@ class PaddleSingleDriver(Driver):
             grad_clip_type=grad_clip_type,
             model_wo_auto_param_call=model_wo_auto_param_call,
         )
-        options = _check_framework_kwargs(framework_kwargs)
+        options = _check_framework_kwargs(framework_kwargs, self.accepted_kwargs)
         self.device: Device = resolve_device(device, model)
         self._move = Mover(self.device)
         self.set_to_zero = _bool_option(options, "set_to_zero", False)
@@ -279,19 +281,24 @@ class PaddleSingleDriver(Driver):
         else:
             paddle.nn.utils.clip_grad_value_(self._params, self.grad_clip)
 
+    def _optimizers_to_step(self) -> list[Any]:
+        """What ``step`` steps: the user's optimizers (the distributed driver may wrap them)."""
+        return self.optimizers
+
     def step(self) -> None:
         scaler = self.grad_scaler
+        optimizers = self._optimizers_to_step()
         if scaler is None:
             if self.grad_clip is not None:
                 self._clip_gradients()
-            for optimizer in self.optimizers:
+            for optimizer in optimizers:
                 optimizer.step()
             return
         if self.grad_clip is not None:
-            for optimizer in self.optimizers:
+            for optimizer in optimizers:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             self._clip_gradients()
-        for optimizer in self.optimizers:
+        for optimizer in optimizers:
             scaler.step(optimizer)
         scaler.update()
 
@@ -329,8 +336,8 @@ class PaddleSingleDriver(Driver):
         if dist is not None:
             raise DriverError(
                 f"set_dist_repro_dataloader(dist={dist!r}): sharding data across processes needs the distributed "
-                "paddle driver; distributed paddle comes with the paddle distributed driver, which this "
-                "drivetrain-paddle release does not include yet."
+                "paddle driver (PaddleDataParallelDriver: device=[0, 1], nproc=N or paddle's launcher); this one "
+                "drives a single process."
             )
         if not reproducible:
             return dataloader

@@ -7,7 +7,7 @@ The ``drivetrain`` entry-point group points here; the core calls
 
 from __future__ import annotations
 
-from drivetrain import CONTRACT_VERSION, Capabilities, DriverSpec, hookimpl
+from drivetrain import Capabilities, DriverSpec, hookimpl
 
 TESTED_PADDLE = "3.3.1"
 
@@ -16,7 +16,7 @@ INSTALL = f'pip install "drivetrain[paddle]" paddlepaddle=={TESTED_PADDLE}'
 
 CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16", "bf16"),
-    distributed=(),
+    distributed=("ddp", "fleet"),
     devices=("cpu", "gpu"),
     notes={
         "devices": "cpu, gpu, gpu:N (aliases: cuda, cuda:N, an int N); None keeps the model where it is. "
@@ -27,7 +27,11 @@ CAPABILITIES = Capabilities(
         "bfloat16 kernels on CPU: on CPU the driver warns once and trains in fp32.",
         "static graph": "paddle_kwargs={'to_static': True, 'input_spec': [...]} trains through "
         "paddle.jit.to_static; drivetrain_paddle.export_inference_model saves a paddle inference model.",
-        "distributed": "Single process only in this release; the paddle.distributed (fleet) driver comes later.",
+        "distributed": "Data parallel on paddle.distributed, one process per device (gloo on CPU, nccl on GPUs): "
+        "paddle.DataParallel, or fleet collective mode with paddle_kwargs={'fleet': True}. Start with python -m "
+        "paddle.distributed.launch, or let the Trainer start the processes (device=[0, 1] or nproc=N in python "
+        "train.py), or call init_parallel_env yourself. Gradients are averaged once per optimizer step. A failed "
+        "or stuck peer ends the others within paddle_kwargs['timeout'] (30 s; on CPU gloo's own 30 s limit).",
         "serialization": "Tensors are saved with safetensors (no pickle); optimizer states are keyed by the "
         "model's structured parameter names, never by paddle's global names such as linear_0.w_0.",
     },
@@ -46,7 +50,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
             capabilities=CAPABILITIES,
             distribution="drivetrain-paddle",
             install=INSTALL,
-            contract_versions=(CONTRACT_VERSION,),
+            contract_versions=(1,),  # what this release implements; never CONTRACT_VERSION (that follows the core)
             seed_function="drivetrain_paddle.plugin:seed_paddle",
             testing_kit="drivetrain_paddle.testing_kit:paddle_kit",
         )
