@@ -11,6 +11,7 @@ from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import (
     BatchMismatchError,
     ConfigurationError,
+    DistributedError,
     DriverError,
     DriverNotFoundError,
     DrivetrainError,
@@ -39,6 +40,7 @@ __all__ = [
     "ClassifyFPreRecMetric",
     "ConfigurationError",
     "Driver",
+    "DistributedError",
     "DriverError",
     "DriverNotFoundError",
     "DriverSpec",

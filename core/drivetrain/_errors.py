@@ -23,6 +23,11 @@ class BatchMismatchError(DrivetrainError, TypeError):
     """A batch does not fit the parameters of the function it is passed to."""
 
 
+class DistributedError(DrivetrainError, RuntimeError):
+    """A collective failed because another process failed, was killed or stopped answering;
+    the message names that rank and what it reported."""
+
+
 class PluginLoadError(DrivetrainError, ImportError):
     """A backend plugin failed to load while strict plugin loading is on."""
 

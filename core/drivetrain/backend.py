@@ -16,6 +16,24 @@ import numpy as np
 
 from ._checkpoint.safetensors_writer import array_buffer
 from ._dataloaders import OverfitLoader
+from ._dist_options import (
+    DistPlan,
+    check_layout_arguments,
+    check_process_count,
+    choice_option,
+    env_int,
+    processes_wanted,
+    timeout_option,
+)
+from ._distributed import (
+    COMM_ERROR_MARKERS,
+    CollectiveGuard,
+    DataSharding,
+    DistributedDriverMixin,
+    DistributedError,
+    reducible_array,
+    settle_at_exit,
+)
 from ._errors import DriverError
 from ._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
 from ._spawn import (
@@ -39,6 +57,23 @@ __all__ = [
     "exception_summary",
     "exit_description",
     "relaunch_command",
+    # distributed drivers (see drivetrain._distributed, drivetrain._dist_options)
+    "COMM_ERROR_MARKERS",  # words in an error's text that mean a collective broke on the connection
+    "CollectiveGuard",  # wraps collectives: a broken one raises DistributedError naming the failed peer
+    "DataSharding",  # how a backend rebuilds its dataloaders, for DistributedDriverMixin
+    "DistPlan",  # base dataclass of one process's place in a run (launch, rank, world_size, device, ...)
+    "DistributedDriverMixin",  # rank properties, dataloader sharding and the same-batch-count check
+    "DistributedError",  # what a collective raises when another process failed or stopped answering
+    "check_layout_arguments",  # refuses a bad nproc= or an empty device list
+    "check_process_count",  # nproc= must match the size of a run a launcher started
+    "choice_option",  # an option that must be one of a few values
+    "env_int",  # an integer environment variable, with the launcher hint when it is wrong
+    "processes_wanted",  # how many processes nproc= and a device list ask for together
+    "reducible_array",  # the numeric numpy array Driver.all_reduce can reduce, else a DriverError
+    "settle_at_exit",  # a short pause at exit so gloo's threads finish before the interpreter does
+    "timeout_option",  # the seconds a collective may wait: a finite number > 0
+    # models
+    "check_model_type",  # model= must be an instance of the framework's module class
     # data
     "OverfitLoader",  # what the Trainer wraps a loader in for overfit_batches; a driver unwraps it
     "ReproducibleBatchSampler",  # the resumable, shardable training sampler a driver installs
@@ -130,6 +165,17 @@ def check_framework_kwargs(
         described = "; ".join(f"{name}: {what}" for name, what in accepted.items()) or "none"
         raise DriverError(f"{argument}[{key!r}] is not an option of this driver; accepted: {described}.")
     return dict(value)
+
+
+def check_model_type(model: Any, module_type: type, *, driver: str, expected: str) -> None:
+    """Refuse a ``model`` that is not a ``module_type`` (``expected`` names it, e.g. ``"torch.nn.Module"``)."""
+    if not isinstance(model, module_type):
+        kind = (
+            "a class; pass an instance, e.g. MyNet()"
+            if isinstance(model, type)
+            else f"a {type(model).__module__}.{type(model).__qualname__}"
+        )
+        raise DriverError(f"model={model!r:.80} is {kind}; the {driver} driver needs a {expected}.")
 
 
 def bool_option(options: Mapping[str, Any], key: str, default: bool, *, argument: str) -> bool:

@@ -193,7 +193,7 @@ def test_amp_options_are_checked(model, make_driver) -> None:
 
 
 def test_paddle_kwargs_are_checked(model, batches) -> None:
-    with pytest.raises(DriverError, match=r"paddle_kwargs\['pin_memory'\] is not a paddle driver option; "
+    with pytest.raises(DriverError, match=r"paddle_kwargs\['pin_memory'\] is not an option of this driver; "
                                           r"accepted: amp_level"):
         Trainer(model, batches, _sgd(model), driver="paddle", paddle_kwargs={"pin_memory": True})
     with pytest.raises(DriverError, match="applies to distributed paddle training"):

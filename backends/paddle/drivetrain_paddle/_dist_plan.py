@@ -19,7 +19,6 @@ wrong combination fails in the first process, before any other is started.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +26,16 @@ from typing import Any
 import paddle
 
 from drivetrain._errors import DriverError
+from drivetrain.backend import DistPlan as _CorePlan
+from drivetrain.backend import (
+    bool_option,
+    check_layout_arguments,
+    check_process_count,
+    choice_option,
+    env_int,
+    processes_wanted,
+    timeout_option,
+)
 
 from ._device import Device, model_device, resolve_device
 
@@ -55,31 +64,25 @@ DIST_KWARGS = {
 }
 SPAWN_OUTPUTS = ("inherit", "prefix")
 BACKENDS = ("gloo", "nccl")
+_OPTIONS = "paddle_kwargs"
 
 LAUNCH_HINT = ("Start every process with paddle's launcher (python -m paddle.distributed.launch --nproc_per_node N "
                "--log_dir /tmp/paddle-logs train.py), which sets PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, "
                "PADDLE_TRAINER_ENDPOINTS and PADDLE_CURRENT_ENDPOINT")
+_LAUNCH_START = "python -m paddle.distributed.launch --nproc_per_node {n} train.py"
 
 
-@dataclasses.dataclass(frozen=True)
-class DistPlan:
-    """One process's place in a distributed run and the options it runs with."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistPlan(_CorePlan):
+    """One process's place in a distributed run (``launch``: see the module docstring) and its options.
 
-    launch: str
-    """``"existing"``, ``"env"``, ``"spawned"`` or ``"spawn"`` (see the module docstring)."""
-    world_size: int
-    rank: int
-    local_rank: int
+    ``master`` is the (address, port) of the process group's store (``env``, ``spawned``, ``existing``).
+    """
+
     device: Device
-    backend: str
-    timeout: float
     fleet: bool
     strategy: Any
     find_unused_parameters: bool
-    even_batches: bool
-    spawn_output: str
-    master: tuple[str, int] | None = None
-    """(address, port) of the process group's store (``env``, ``spawned``, ``existing``)."""
     spawn_store: tuple[str, int] | None = None
     """(address, port) of the store the parent of spawned processes hosts (``spawned`` only)."""
     gpus: tuple[int, ...] | None = None
@@ -99,11 +102,7 @@ class _Env:
 
 def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
     """The distributed layout asked for, or None for one process (the single-device driver)."""
-    if nproc is not None and (not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1):
-        raise DriverError(f"nproc={nproc!r} is not accepted; it must be an int >= 1 (the number of processes).")
-    listed = isinstance(device, (list, tuple))
-    if listed and not device:
-        raise DriverError("device=[] is empty; pass one device, or a list of the GPUs to train on, e.g. [0, 1].")
+    listed = check_layout_arguments(nproc, device)
     inner = model._layers if isinstance(model, paddle.DataParallel) else model
     if paddle.distributed.is_initialized():
         return _existing_plan(model, inner, device, nproc, options)
@@ -115,7 +114,7 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
         )
     env = read_env()
     if env is not None and (env.world_size > 1 or env.spawn_store is not None):
-        _check_count(nproc, env.world_size, "PADDLE_TRAINERS_NUM")
+        check_process_count(nproc, env.world_size, "PADDLE_TRAINERS_NUM", start=_LAUNCH_START)
         if listed and len(device) != env.local_world_size:
             raise DriverError(
                 f"device={list(device)!r} lists {len(device)} device(s) but this machine runs "
@@ -125,14 +124,9 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
         return _make_plan("spawned" if env.spawn_store is not None else "env", model, device, env.rank,
                           env.world_size, env.local_rank, env.local_world_size, options, env.master,
                           backend=env.backend, spawn_store=env.spawn_store)
-    if nproc is not None and listed and nproc != len(device) and len(device) > 1:
-        raise DriverError(
-            f"nproc={nproc} but device={list(device)!r} lists {len(device)} devices; one process runs per "
-            "listed device, so drop nproc or make the two agree."
-        )
-    wanted = max(len(device) if listed else 1, nproc or 1)
+    wanted = processes_wanted(nproc, device)
     if env is not None and wanted > 1:  # a launcher started a single process, but more were asked for
-        _check_count(wanted, env.world_size, "PADDLE_TRAINERS_NUM")
+        check_process_count(wanted, env.world_size, "PADDLE_TRAINERS_NUM", start=_LAUNCH_START)
     if wanted == 1:
         return None
     if listed and len(device) == 1:
@@ -149,7 +143,8 @@ def _existing_plan(model: Any, inner: Any, device: Any, nproc: Any, options: Map
     import paddle.distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    _check_count(nproc, world, "the world size of the parallel environment you initialised")
+    check_process_count(nproc, world, "the world size of the parallel environment you initialised",
+                        start=_LAUNCH_START)
     for key in ("timeout", "backend", "fleet", "strategy"):
         if key in options:
             raise DriverError(
@@ -178,11 +173,10 @@ def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, loca
                options: Mapping[str, Any], master: tuple[str, int] | None, *, backend: str | None = None,
                spawn_store: tuple[str, int] | None = None) -> DistPlan:
     resolved = _device_for_rank(device, model, local_rank, local_world)
-    if "backend" in options:
-        backend = options["backend"]
-        if backend not in BACKENDS:
-            raise DriverError(f"paddle_kwargs['backend']={backend!r} is not accepted; use one of {list(BACKENDS)}.")
-    elif backend is None or backend == "auto":
+    if backend == "auto":
+        backend = None
+    backend = choice_option(options, "backend", BACKENDS, backend, argument=_OPTIONS)
+    if backend is None:
         backend = "nccl" if resolved.kind == "gpu" else "gloo"
     if backend == "nccl" and resolved.kind != "gpu":
         raise DriverError(
@@ -194,7 +188,7 @@ def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, loca
             f"the backend is 'gloo' but device={device!r} puts this process on {resolved}; paddle's gloo "
             "process group runs on the CPU only: use 'nccl' with GPUs (the default there)."
         )
-    fleet = _flag(options, "fleet")
+    fleet = bool_option(options, "fleet", False, argument=_OPTIONS)
     strategy = options.get("strategy")
     if strategy is not None:
         _check_strategy(strategy, fleet)
@@ -204,19 +198,12 @@ def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, loca
         gpus = tuple(d.index for d in _check_device_list(device)) if listed else tuple(range(world))
     return DistPlan(
         launch=launch, world_size=world, rank=rank, local_rank=local_rank, device=resolved, backend=backend,
-        timeout=_timeout(options), fleet=fleet, strategy=strategy,
-        find_unused_parameters=_flag(options, "find_unused_parameters"), even_batches=_flag(options, "even_batches"),
-        spawn_output=_spawn_output(options), master=master, spawn_store=spawn_store, gpus=gpus,
+        timeout=timeout_option(options, default=DEFAULT_TIMEOUT, argument=_OPTIONS), fleet=fleet, strategy=strategy,
+        find_unused_parameters=bool_option(options, "find_unused_parameters", False, argument=_OPTIONS),
+        even_batches=bool_option(options, "even_batches", False, argument=_OPTIONS),
+        spawn_output=choice_option(options, "spawn_output", SPAWN_OUTPUTS, "inherit", argument=_OPTIONS),
+        master=master, spawn_store=spawn_store, gpus=gpus,
     )
-
-
-def _check_count(asked: Any, actual: int, what: str) -> None:
-    if asked is not None and asked != actual:
-        raise DriverError(
-            f"nproc={asked} but this process belongs to a distributed run of {actual} process(es) ({what}="
-            f"{actual}); drop nproc (the launcher decides how many processes run) or start {asked} processes, "
-            f"e.g. python -m paddle.distributed.launch --nproc_per_node {asked} train.py."
-        )
 
 
 def _check_strategy(strategy: Any, fleet: bool) -> None:
@@ -240,15 +227,7 @@ def _check_strategy(strategy: Any, fleet: bool) -> None:
 
 # ---------------------------------------------------------------------- environment
 def _env_int(name: str, default: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        if default is None:
-            raise DriverError(f"the environment variable {name} is not set. {LAUNCH_HINT}.")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise DriverError(f"the environment variable {name}={raw!r} is not an integer. {LAUNCH_HINT}.") from None
+    return env_int(name, default, hint=LAUNCH_HINT)
 
 
 def _address(text: str, name: str) -> tuple[str, int]:
@@ -386,28 +365,3 @@ def _check_device_list(devices: Any) -> list[Device]:
         if names.count(name) > 1:
             raise DriverError(f"{given} lists {name} more than once; one process runs per listed GPU: list each once.")
     return parsed
-
-
-# ---------------------------------------------------------------------------- options
-def _timeout(options: Mapping[str, Any]) -> float:
-    value = options.get("timeout", DEFAULT_TIMEOUT)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise DriverError(
-            f"paddle_kwargs['timeout']={value!r} is not accepted; pass a number of seconds > 0 (default "
-            f"{DEFAULT_TIMEOUT:g})."
-        )
-    return float(value)
-
-
-def _flag(options: Mapping[str, Any], key: str) -> bool:
-    value = options.get(key, False)
-    if not isinstance(value, bool):
-        raise DriverError(f"paddle_kwargs[{key!r}]={value!r} must be True or False.")
-    return value
-
-
-def _spawn_output(options: Mapping[str, Any]) -> str:
-    value = options.get("spawn_output", "inherit")
-    if value not in SPAWN_OUTPUTS:
-        raise DriverError(f"paddle_kwargs['spawn_output']={value!r} is not accepted; use one of {list(SPAWN_OUTPUTS)}.")
-    return value

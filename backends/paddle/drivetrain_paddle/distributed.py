@@ -18,18 +18,19 @@ already called. The model is wrapped in ``paddle.DataParallel`` (or
 - dataloaders are re-sampled so each rank takes its share of every global batch
   (training) or its own contiguous shard (evaluation);
 - a collective that fails because a peer died or stalled raises a
-  :class:`DistributedError` naming that peer when it said why (see :class:`drivetrain.backend.FailureBoard`);
+  :class:`DistributedError` naming that peer when it said why (see :class:`drivetrain.backend.CollectiveGuard`);
   one that cannot return is ended by :mod:`._watchdog` after the timeout.
+
+The rank properties, dataloader sharding and naming the failed peer are the core's
+(:class:`drivetrain.backend.DistributedDriverMixin`, :class:`~drivetrain.backend.CollectiveGuard`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import os
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -37,14 +38,17 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from drivetrain._errors import ConfigurationError, DriverError, DrivetrainError
+from drivetrain._errors import DriverError
 from drivetrain.backend import (
+    COMM_ERROR_MARKERS,
     CheckedStore,
+    CollectiveGuard,
+    DataSharding,
+    DistributedDriverMixin,
+    DistributedError,
     FailureBoard,
-    Launcher,
-    OverfitLoader,
-    exception_summary,
-    find_reproducible_sampler,
+    reducible_array,
+    settle_at_exit,
 )
 
 from ._dataloader import describe_sampling, reproducible_dataloader, unrepeated_dataloader
@@ -54,38 +58,25 @@ from ._store import ThreadStore
 from ._watchdog import CollectiveWatch
 from .driver import FRAMEWORK_KWARGS, PaddleSingleDriver
 
+__all__ = ["DistributedError", "PaddleDataParallelDriver"]
+
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-_COMM_MARKERS = ("gloo", "nccl", "connection reset", "connection closed", "connection refused", "timeout",
-                 "timed out", "broken pipe")
+_COMM_MARKERS = (*COMM_ERROR_MARKERS, "timeout")  # paddle's gloo says TIMEOUT for a closed peer too
 _ALL_FAILED_GRACE = 1.0
 _BUCKET_ELEMENTS = 1 << 24  # gradients are all-reduced in flat buckets of at most this many elements
 _generations = itertools.count()
 
 
-class DistributedError(DrivetrainError, RuntimeError):
-    """A collective failed because another process failed, was killed or stopped answering."""
-
-
-def _is_comm_error(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return any(marker in text for marker in _COMM_MARKERS)
-
-
-_settled = False
-
-
-def _settle_at_exit() -> None:
-    """At exit, give gloo's threads a moment before the interpreter finalises (as for torch's gloo)."""
-    global _settled
-    if not _settled:
-        _settled = True
-        atexit.register(time.sleep, 0.05)
-
-
-class PaddleDataParallelDriver(PaddleSingleDriver):
+class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
     """Drives one rank of a data-parallel paddle run (built by ``create_driver`` from a :class:`DistPlan`)."""
 
     accepted_kwargs: Mapping[str, str] = {**FRAMEWORK_KWARGS, **DIST_KWARGS}
+    sharding = DataSharding(
+        reproducible=reproducible_dataloader, unrepeated=unrepeated_dataloader, describe=describe_sampling,
+        option="paddle_kwargs", default_loader="paddle.io.DataLoader(dataset, batch_size=..., shuffle=True/False)",
+        shard_yourself="batch_sampler=paddle.io.DistributedBatchSampler(dataset, batch_size)",
+        waits="the gradient all-reduce", same_batches="paddle.io.DistributedBatchSampler with drop_last=True",
+    )
 
     def __init__(self, model: Any, plan: DistPlan, *, precision: str = "fp32", grad_clip: float | None = None,
                  grad_clip_type: str = "norm", model_wo_auto_param_call: bool = False,
@@ -105,33 +96,17 @@ class PaddleDataParallelDriver(PaddleSingleDriver):
             self._command = paddle_relaunch_command()  # refuse a notebook / python -c before anything starts
         self.plan = plan
         self._dp: Any = user_dp
-        self._launcher: Launcher | None = None
         self._store: ThreadStore | None = None
-        self._board: FailureBoard | None = None
         self._watch: CollectiveWatch | None = None
-        self._broken: str | None = None  # why collectives are refused (after a failure)
+        self._guard = CollectiveGuard(plan.rank, plan.world_size, markers=_COMM_MARKERS, error_line=-1,
+                                      silent_peer=self._silent_peer)
+        self._collective = self._guard.collective
         self._group: Any = None  # the group gradients are averaged over (None: every process)
         self._stepping: list[Any] | None = None  # fleet's optimizer wrappers
         self._checked_grads = False
-        self._argument_names: dict[int, str] = {}
         self._is_setup = False
 
     # ------------------------------------------------------------------ lifecycle
-    def is_distributed(self) -> bool:
-        return True
-
-    @property
-    def rank(self) -> int:
-        return self.plan.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.plan.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.plan.world_size
-
     def setup(self) -> None:
         """Join (or start) the parallel environment, move the model to this rank's device, wrap it."""
         if self._is_setup:
@@ -139,7 +114,7 @@ class PaddleDataParallelDriver(PaddleSingleDriver):
         self._is_setup = True
         plan = self.plan
         self._start_parallel_env()
-        _settle_at_exit()
+        settle_at_exit()
         super().setup()  # the device, the model's placement, AMP decoration
         from paddle.distributed import fleet
 
@@ -159,13 +134,14 @@ class PaddleDataParallelDriver(PaddleSingleDriver):
         plan = self.plan
         if plan.launch == "spawn":
             gpus = None if plan.gpus is None else list(plan.gpus)
-            self._launcher, self._store, own_env = start_children(
+            launcher, self._store, own_env = start_children(
                 plan.world_size, plan.timeout, plan.spawn_output, self._command, plan.backend, gpus)
+            self._guard.launcher = launcher
             os.environ.update(own_env)  # init_parallel_env reads this process's place there
             try:
-                self._launcher.wait_ready()
+                launcher.wait_ready()
             except BaseException:
-                self._launcher.note_failed()  # at exit, stop the children rather than wait for them
+                launcher.note_failed()  # at exit, stop the children rather than wait for them
                 raise
         elif plan.launch == "spawned":
             self._store = ThreadStore(plan.spawn_store)
@@ -183,18 +159,19 @@ class PaddleDataParallelDriver(PaddleSingleDriver):
                     else:
                         dist.init_parallel_env()
             except BaseException:
-                if self._launcher is not None:
-                    self._launcher.note_failed()
+                if self._guard.launcher is not None:
+                    self._guard.launcher.note_failed()
                 raise
         if self._store is None:  # the board lives in the process group's own store
             self._store = ThreadStore(plan.master or master_address())
         self._store.connect_here()  # now, while every process (and the store's host) is alive
-        self._board = FailureBoard(CheckedStore(self._store), plan.rank, plan.world_size, next(_generations))
+        self._guard.board = FailureBoard(CheckedStore(self._store), plan.rank, plan.world_size, next(_generations))
         limit = ("the timeout of the parallel environment you initialised" if plan.launch == "existing"
                  else f"paddle_kwargs['timeout']={plan.timeout:g} s")
-        self._watch = CollectiveWatch(plan.rank, plan.world_size, self._wait_limit(), limit, self._reports_now,
+        self._watch = CollectiveWatch(plan.rank, plan.world_size, self._wait_limit(), limit, self._guard.reports_now,
                                       on_start=self._store.connect_here)
         self._watch.start()
+        self._guard.watch = self._watch.section
 
     @contextlib.contextmanager
     def _startup_watch(self) -> Iterator[None]:
@@ -217,74 +194,19 @@ class PaddleDataParallelDriver(PaddleSingleDriver):
         allowed, so that callbacks can still save a checkpoint on the way out; otherwise
         this driver refuses further collectives (a peer would never join them).
         """
-        exc = sys.exc_info()[1]
-        if self._launcher is not None:
-            self._launcher.note_failed()
-        if self._broken is not None or self._board is None:
-            return
-        if not isinstance(exc, DistributedError):
-            self._board.post_failure(exception_summary(exc))
-            if self._board.all_failed(min(_ALL_FAILED_GRACE, self.plan.timeout)):
-                return
-        self._broken = f"this process {exception_summary(exc)} and left the other processes"
+        self._guard.fail(sys.exc_info()[1], grace=min(_ALL_FAILED_GRACE, self.plan.timeout),
+                         broken="this process {summary} and left the other processes")
 
-    # ------------------------------------------------------------ failure naming
-    @contextlib.contextmanager
-    def _collective(self, what: str) -> Iterator[None]:
-        if self._broken is not None:
-            raise DistributedError(f"{what} on rank {self.rank} is not possible: {self._broken}.")
-        watch = self._watch.section(what) if self._watch is not None else contextlib.nullcontext()
-        started = time.monotonic()
-        with watch:  # naming the peer reads the board: still watched, so it cannot hang either
-            try:
-                yield
-            except RuntimeError as exc:
-                self._raise_peer_failure(exc, what, time.monotonic() - started)
-                raise
-
-    def _raise_peer_failure(self, exc: RuntimeError, what: str, waited: float) -> None:
-        """Raise a DistributedError for a failed collective (naming the peer that caused it if known)."""
-        if isinstance(exc, DrivetrainError) or not _is_comm_error(exc):
-            return
-        reports = self._reports(wait=1.0)
-        text = str(exc).strip()
-        detail = text.splitlines()[-1][:300] if text else type(exc).__name__
-        if reports:
-            cause = "; ".join(f"rank {r} {what_happened}" for r, what_happened in sorted(reports.items()))
-            raise DistributedError(
-                f"{what} failed on rank {self.rank} of {self.world_size} because {cause}. This process stops too; "
-                f"the cause is in that rank's own output. ({detail})"
-            ) from exc
+    def _silent_peer(self, waited: float) -> str:
+        """What happened when a collective broke and no peer said why (for :class:`CollectiveGuard`)."""
         if self.plan.backend == "gloo" and waited < GLOO_LIMIT - 2.0:  # gloo says TIMEOUT for a closed peer too
-            happened = f"another process ended or dropped the connection after {waited:.1f} s"
-        elif self.plan.backend == "gloo":
-            happened = (f"another process did not answer within {GLOO_LIMIT:g} s (paddle's gloo gives up after "
-                        "that; it cannot be raised)")
-        elif self.plan.launch == "existing":
-            happened = "another process did not answer within the timeout of the parallel environment you initialised"
-        else:
-            happened = f"another process did not answer within paddle_kwargs['timeout']={self.plan.timeout:g} s"
-        raise DistributedError(
-            f"{what} failed on rank {self.rank} of {self.world_size}: {happened}, without saying why (killed? out "
-            f"of memory? stuck?). Look at the other processes' output. ({detail})"
-        ) from exc
-
-    def _reports_now(self) -> dict[int, str]:
-        reports = self._launcher.failures() if self._launcher is not None else {}
-        if self._board is not None:
-            for rank, text in self._board.reports().items():
-                known = reports.get(rank)
-                reports[rank] = text if known is None or known in text else f"{text}; {known}"
-        return reports
-
-    def _reports(self, wait: float) -> dict[int, str]:
-        """What the other ranks (or, in the parent of spawned ranks, their exit codes) say, waiting up to ``wait`` s."""
-        deadline = time.monotonic() + wait
-        while True:
-            reports = self._reports_now()
-            if reports or time.monotonic() >= deadline:
-                return reports
-            time.sleep(0.1)
+            return f"another process ended or dropped the connection after {waited:.1f} s"
+        if self.plan.backend == "gloo":
+            return (f"another process did not answer within {GLOO_LIMIT:g} s (paddle's gloo gives up after that; "
+                    "it cannot be raised)")
+        if self.plan.launch == "existing":
+            return "another process did not answer within the timeout of the parallel environment you initialised"
+        return f"another process did not answer within paddle_kwargs['timeout']={self.plan.timeout:g} s"
 
     # --------------------------------------------------------------- optimisation
     def no_sync(self) -> contextlib.AbstractContextManager:
@@ -339,71 +261,6 @@ class PaddleDataParallelDriver(PaddleSingleDriver):
                 "True} to average every parameter's gradient (a zero one where it was not used)."
             )
 
-    # ----------------------------------------------------------------------- data
-    def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
-        self._argument_names[id(dataloader)] = argument  # named again if its sampling cannot be replaced
-        super().check_dataloader_legality(dataloader, argument)
-
-    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
-        """Shard ``dataloader`` over the ranks (``dist``) and make it resumable (``reproducible``).
-
-        ``"train"``: a :class:`~drivetrain.ReproducibleBatchSampler` gives each rank its part
-        of every global batch, with one seed for all ranks (rank 0's, broadcast).
-        ``"eval"``: each rank reads a contiguous shard, every sample once. A dataloader
-        whose sampling cannot be replaced is refused with what to do instead.
-        """
-        if dist not in (None, "train", "eval"):
-            raise DriverError(f"set_dist_repro_dataloader(dist={dist!r}): use None, 'train' or 'eval'.")
-        if dist == "eval":
-            if isinstance(dataloader, OverfitLoader):
-                return dataloader  # replays this rank's own training batches
-            shard = unrepeated_dataloader(dataloader, num_replicas=self.world_size, rank=self.rank)
-            if shard is None:
-                self._refuse(dataloader, "evaluate_dataloaders", "evaluation gives each of the {w} processes its "
-                             "own shard of the data", "evaluate_use_dist_sampler=False")
-            return shard
-        if dist is None and not reproducible:
-            return dataloader
-        train = dist == "train"
-        try:
-            loader = reproducible_dataloader(
-                dataloader, num_replicas=self.world_size if train else 1, rank=self.rank if train else 0,
-                even_batches=self.plan.even_batches and train,
-                agree_seed=lambda seed: self.broadcast_object(seed, src=0))
-        except ConfigurationError as exc:
-            raise DriverError(f"paddle_kwargs['even_batches']=True: {exc}") from None
-        if train and find_reproducible_sampler(loader) is None:
-            self._refuse(dataloader, "train_dataloader", "distributed training gives each of the {w} processes "
-                         "its share of every batch by replacing the dataloader's sampling", "use_dist_sampler=False")
-        return loader
-
-    def _refuse(self, dataloader: Any, default_name: str, purpose: str, opt_out: str) -> None:
-        name = self._argument_names.get(id(dataloader), default_name)
-        raise DriverError(
-            f"{name}={type(dataloader).__name__}: {purpose.format(w=self.world_size)}, but "
-            f"{describe_sampling(dataloader)}. Either build it with default sampling, paddle.io.DataLoader(dataset, "
-            f"batch_size=..., shuffle=True/False), or pass {opt_out} to the Trainer and shard the data yourself "
-            "(e.g. batch_sampler=paddle.io.DistributedBatchSampler(dataset, batch_size)); every process must then "
-            "yield the same number of training batches."
-        )
-
-    def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:
-        """Set the epoch, and check that every rank has as many batches (else a step would wait forever)."""
-        super().set_sampler_epoch(dataloader, epoch)
-        try:
-            count: int | None = len(dataloader)
-        except TypeError:
-            count = None
-        counts = self.all_gather_object(count)
-        if len(set(counts)) > 1:
-            listed = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
-            raise DriverError(
-                f"epoch {epoch}: the processes have different numbers of training batches ({listed}); the gradient "
-                "all-reduce would wait forever for the missing ones. With use_dist_sampler=False each process's "
-                "dataloader must yield the same number of batches (e.g. paddle.io.DistributedBatchSampler with "
-                "drop_last=True), or let drivetrain split the data (use_dist_sampler=True)."
-            )
-
     # ---------------------------------------------------------------- collectives
     def barrier(self) -> None:
         with self._collective("barrier()"):
@@ -424,11 +281,7 @@ class PaddleDataParallelDriver(PaddleSingleDriver):
     def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
         """Reduce ``array`` over the ranks (on the CPU for gloo, on this rank's GPU for nccl)."""
         super().all_reduce(array, op)
-        array = np.asarray(array)
-        if array.dtype.kind not in "biuf":
-            raise DriverError(
-                f"all_reduce: an array of dtype {array.dtype} cannot be reduced; metric elements must be numeric."
-            )
+        array = reducible_array(array)
         if array.dtype == np.bool_ or array.dtype.kind == "u":
             array = array.astype(np.int64)
         tensor = paddle.to_tensor(np.ascontiguousarray(array), place=self.device.place())

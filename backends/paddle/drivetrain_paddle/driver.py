@@ -21,6 +21,7 @@ import paddle
 
 from drivetrain._driver import Driver
 from drivetrain._errors import DriverError
+from drivetrain.backend import bool_option, check_framework_kwargs, check_model_type
 
 from . import _rng
 from . import state as _state
@@ -83,43 +84,22 @@ def create_driver(
 
 
 def _check_model(model: Any) -> None:
-    if not isinstance(model, paddle.nn.Layer):
-        kind = (
-            "a class; pass an instance, e.g. MyNet()"
-            if isinstance(model, type)
-            else f"a {type(model).__module__}.{type(model).__qualname__}"
-        )
-        raise DriverError(f"model={model!r:.80} is {kind}; the paddle driver needs a paddle.nn.Layer.")
+    check_model_type(model, paddle.nn.Layer, driver="paddle", expected="paddle.nn.Layer")
 
 
 def _check_framework_kwargs(framework_kwargs: Any, accepted: Mapping[str, str]) -> dict[str, Any]:
     from ._dist_plan import DIST_KWARGS
 
-    if framework_kwargs is None:
-        return {}
-    if not isinstance(framework_kwargs, Mapping):
-        raise DriverError(
-            f"paddle_kwargs={framework_kwargs!r} must be a dict or None; accepted keys: {sorted(accepted)}."
-        )
-    for key in framework_kwargs:
-        if key in accepted:
-            continue
-        if key in DIST_KWARGS:
-            raise DriverError(
-                f"paddle_kwargs[{key!r}] applies to distributed paddle training, but this run is a single process; "
-                "remove it, or train distributed: device=[0, 1], nproc=N, or start the script with "
-                "python -m paddle.distributed.launch."
-            )
-        described = "; ".join(f"{name}: {what}" for name, what in accepted.items())
-        raise DriverError(f"paddle_kwargs[{key!r}] is not a paddle driver option; accepted: {described}.")
-    return dict(framework_kwargs)
+    single_only = {
+        key: "applies to distributed paddle training, but this run is a single process; remove it, or train "
+        "distributed: device=[0, 1], nproc=N, or start the script with python -m paddle.distributed.launch."
+        for key in DIST_KWARGS if key not in accepted
+    }
+    return check_framework_kwargs(framework_kwargs, accepted, argument="paddle_kwargs", not_here=single_only)
 
 
 def _bool_option(options: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = options.get(key, default)
-    if not isinstance(value, bool):
-        raise DriverError(f"paddle_kwargs[{key!r}]={value!r} must be True or False.")
-    return value
+    return bool_option(options, key, default, argument="paddle_kwargs")
 
 
 class PaddleSingleDriver(Driver):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +25,17 @@ from typing import Any
 import torch
 
 from drivetrain._errors import DriverError
-from drivetrain.backend import SPAWN_PARENT_ENV
+from drivetrain.backend import (
+    SPAWN_PARENT_ENV,
+    bool_option,
+    check_layout_arguments,
+    check_process_count,
+    choice_option,
+    env_int,
+    processes_wanted,
+    timeout_option,
+)
+from drivetrain.backend import DistPlan as _CorePlan
 
 from ._device import model_device, resolve_device
 
@@ -44,29 +53,23 @@ DIST_KWARGS = {
 }
 SPAWN_OUTPUTS = ("inherit", "prefix")
 BACKENDS = ("gloo", "nccl")
+_OPTIONS = "torch_kwargs"
 _DDP_RESERVED = ("module", "device_ids", "output_device", "process_group")
 
 _TORCHRUN_HINT = ("Start every process with torchrun (torchrun --nproc_per_node N train.py), which sets RANK, "
                   "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
+_TORCHRUN_START = "torchrun --nproc_per_node {n} train.py"
 
 
-@dataclasses.dataclass(frozen=True)
-class DistPlan:
-    """One process's place in a distributed run and the options it runs with."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistPlan(_CorePlan):
+    """One process's place in a distributed run (``launch``: see the module docstring) and its options.
 
-    launch: str
-    """``"existing"``, ``"env"``, ``"spawned"`` or ``"spawn"`` (see the module docstring)."""
-    world_size: int
-    rank: int
-    local_rank: int
+    ``master`` is the (address, port) of the rendezvous store for ``env``/``spawned``.
+    """
+
     device: torch.device
-    backend: str
-    timeout: float
     ddp_kwargs: dict[str, Any]
-    even_batches: bool
-    spawn_output: str
-    master: tuple[str, int] | None = None
-    """(address, port) of the rendezvous store for ``env``/``spawned``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,18 +84,14 @@ class _Env:
 
 def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
     """The distributed layout asked for, or None for one process (the single-device driver)."""
-    if nproc is not None and (not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1):
-        raise DriverError(f"nproc={nproc!r} is not accepted; it must be an int >= 1 (the number of processes).")
-    listed = isinstance(device, (list, tuple))
-    if listed and not device:
-        raise DriverError("device=[] is empty; pass one device, or a list of the GPUs to train on, e.g. [0, 1].")
+    listed = check_layout_arguments(nproc, device)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return _existing_plan(model, device, nproc, options)
     env = _read_env()
     if env is not None and (env.world_size > 1 or env.spawned):
-        _check_count(nproc, env.world_size, "WORLD_SIZE")
+        check_process_count(nproc, env.world_size, "WORLD_SIZE", start=_TORCHRUN_START)
         if listed and len(device) != env.local_world_size:
             raise DriverError(
                 f"device={list(device)!r} lists {len(device)} device(s) but this machine runs "
@@ -101,15 +100,9 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
             )
         return _make_plan("spawned" if env.spawned else "env", model, device, env.rank, env.world_size,
                           env.local_rank, env.local_world_size, options, env.master)
-    wanted = len(device) if listed else 1
-    if nproc is not None and listed and nproc != len(device) and len(device) > 1:
-        raise DriverError(
-            f"nproc={nproc} but device={list(device)!r} lists {len(device)} devices; one process runs per "
-            "listed device, so drop nproc or make the two agree."
-        )
-    wanted = max(wanted, nproc or 1)
+    wanted = processes_wanted(nproc, device)
     if env is not None and wanted > 1:  # torchrun with a single process, but more were asked for
-        _check_count(wanted, env.world_size, "WORLD_SIZE")
+        check_process_count(wanted, env.world_size, "WORLD_SIZE", start=_TORCHRUN_START)
     if wanted == 1:
         return None
     if listed and len(device) == 1:
@@ -131,7 +124,7 @@ def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, An
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    _check_count(nproc, world, "the world size of the process group you initialised")
+    check_process_count(nproc, world, "the world size of the process group you initialised", start=_TORCHRUN_START)
     for key in ("timeout", "backend"):
         if key in options:
             raise DriverError(
@@ -159,9 +152,8 @@ def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, loca
                options: Mapping[str, Any], master: tuple[str, int] | None, backend: str | None = None) -> DistPlan:
     resolved = _device_for_rank(device, model, local_rank, local_world)
     if backend is None:
-        backend = options.get("backend", "nccl" if resolved.type == "cuda" else "gloo")
-        if backend not in BACKENDS:
-            raise DriverError(f"torch_kwargs['backend']={backend!r} is not accepted; use one of {list(BACKENDS)}.")
+        backend = choice_option(options, "backend", BACKENDS, "nccl" if resolved.type == "cuda" else "gloo",
+                                argument=_OPTIONS)
     if backend == "nccl" and resolved.type != "cuda":
         raise DriverError(
             f"the process group backend is 'nccl', which needs CUDA devices, but device={device!r} puts this "
@@ -169,31 +161,16 @@ def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, loca
         )
     return DistPlan(
         launch=launch, world_size=world, rank=rank, local_rank=local_rank, device=resolved, backend=backend,
-        timeout=_timeout(options), ddp_kwargs=_ddp_kwargs(options), even_batches=_flag(options, "even_batches"),
-        spawn_output=_spawn_output(options), master=master,
+        timeout=timeout_option(options, default=DEFAULT_TIMEOUT, argument=_OPTIONS), ddp_kwargs=_ddp_kwargs(options),
+        even_batches=bool_option(options, "even_batches", False, argument=_OPTIONS),
+        spawn_output=choice_option(options, "spawn_output", SPAWN_OUTPUTS, "inherit", argument=_OPTIONS),
+        master=master,
     )
-
-
-def _check_count(asked: Any, actual: int, what: str) -> None:
-    if asked is not None and asked != actual:
-        raise DriverError(
-            f"nproc={asked} but this process belongs to a distributed run of {actual} process(es) ({what}="
-            f"{actual}); drop nproc (the launcher decides how many processes run) or start {asked} processes, "
-            f"e.g. torchrun --nproc_per_node {asked} train.py."
-        )
 
 
 # ---------------------------------------------------------------------- environment
 def _env_int(name: str, default: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        if default is None:
-            raise DriverError(f"the environment variable {name} is not set. {_TORCHRUN_HINT}.")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise DriverError(f"the environment variable {name}={raw!r} is not an integer. {_TORCHRUN_HINT}.") from None
+    return env_int(name, default, hint=_TORCHRUN_HINT)
 
 
 def _read_env() -> _Env | None:
@@ -350,30 +327,6 @@ def _check_device_list(devices: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- options
-def _timeout(options: Mapping[str, Any]) -> float:
-    value = options.get("timeout", DEFAULT_TIMEOUT)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise DriverError(
-            f"torch_kwargs['timeout']={value!r} is not accepted; pass a number of seconds > 0 (default "
-            f"{DEFAULT_TIMEOUT:g})."
-        )
-    return float(value)
-
-
-def _flag(options: Mapping[str, Any], key: str) -> bool:
-    value = options.get(key, False)
-    if not isinstance(value, bool):
-        raise DriverError(f"torch_kwargs[{key!r}]={value!r} must be True or False.")
-    return value
-
-
-def _spawn_output(options: Mapping[str, Any]) -> str:
-    value = options.get("spawn_output", "inherit")
-    if value not in SPAWN_OUTPUTS:
-        raise DriverError(f"torch_kwargs['spawn_output']={value!r} is not accepted; use one of {list(SPAWN_OUTPUTS)}.")
-    return value
-
-
 def _ddp_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
     value = options.get("ddp_kwargs") or {}
     if not isinstance(value, Mapping):

@@ -17,7 +17,7 @@ import torch
 
 from drivetrain._driver import Driver
 from drivetrain._errors import DriverError
-from drivetrain.backend import bool_option, check_framework_kwargs
+from drivetrain.backend import bool_option, check_framework_kwargs, check_model_type
 
 from . import _rng
 from . import state as _state
@@ -78,13 +78,7 @@ def create_driver(
 
 def check_model(model: Any) -> None:
     """The torch drivers drive ``torch.nn.Module`` instances (a DistributedDataParallel is one)."""
-    if not isinstance(model, torch.nn.Module):
-        kind = (
-            "a class; pass an instance, e.g. MyNet()"
-            if isinstance(model, type)
-            else f"a {type(model).__module__}.{type(model).__qualname__}"
-        )
-        raise DriverError(f"model={model!r:.80} is {kind}; the torch driver needs a torch.nn.Module.")
+    check_model_type(model, torch.nn.Module, driver="torch", expected="torch.nn.Module")
 
 
 def _check_framework_kwargs(framework_kwargs: Any, accepted: Mapping[str, str]) -> dict[str, Any]:

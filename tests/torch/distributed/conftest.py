@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from ... import _dist_helpers
+from ..._dist_helpers import Finished, alive, free_port, wait_for_file
+
+__all__ = ["Finished", "ProcessGroup", "alive", "child_env", "spawn", "torchrun", "wait_for_file"]
+
 SCRIPT = str(Path(__file__).with_name("_ddp_script.py"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(*args: str) -> list[str]:
@@ -38,71 +32,14 @@ def child_env() -> dict[str, str]:
     return env
 
 
-@dataclass
-class Finished:
-    returncode: int
-    output: str
-    seconds: float
-
-
-class ProcessGroup:
-    """A launched command in its own session, so that every process it starts can be killed at the end."""
+class ProcessGroup(_dist_helpers.ProcessGroup):
+    """A launched command (with :func:`child_env`) in its own session, killed whole at the end."""
 
     def __init__(self, cmd: list[str], out: Path) -> None:
-        self.log = out / "log.txt"
-        self._log = open(self.log, "wb")  # noqa: SIM115 - closed in close()
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(),
-                                     start_new_session=True)
-
-    def wait(self, timeout: float) -> Finished:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.close()
-            pytest.fail(f"the processes did not finish within {timeout} s:\n{self.output()}")
-        return Finished(code, self.output(), time.monotonic() - self.started)
-
-    def output(self) -> str:
-        self._log.flush()
-        return self.log.read_text(errors="replace")
-
-    def close(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        self.proc.wait()
-        self._log.close()
+        super().__init__(cmd, out, child_env())
 
 
 @pytest.fixture
 def launch(tmp_path):
     """``launch(cmd)`` starts ``cmd``; whatever is still running at the end of the test is killed."""
-    groups: list[ProcessGroup] = []
-
-    def start(cmd: list[str], out: Path | None = None) -> ProcessGroup:
-        group = ProcessGroup(cmd, out or tmp_path)
-        groups.append(group)
-        return group
-
-    yield start
-    for group in groups:
-        group.close()
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
-    except FileNotFoundError:
-        return False
-
-
-def wait_for_file(path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{path} did not appear within {timeout} s")
-        time.sleep(0.05)
+    yield from _dist_helpers.launching(tmp_path, ProcessGroup)
