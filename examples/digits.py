@@ -3,6 +3,8 @@
     python examples/digits.py                  # torch on CPU, ~10 s
     python examples/digits.py --precision bf16
     python examples/digits.py --driver paddle  # paddle on CPU (pip install "drivetrain[paddle]" paddlepaddle)
+    python examples/digits.py --driver jittor  # jittor on CPU (pip install "drivetrain[jittor]"; 1st run compiles)
+    python examples/digits.py --driver oneflow # oneflow on CPU, Python 3.10 only (see docs/backends/oneflow.md)
 """
 
 from __future__ import annotations
@@ -133,7 +135,108 @@ def run_paddle(epochs: int, precision: str, progress_bar: str | None) -> float:
     return results["acc#acc#dev"]
 
 
-RUNNERS = {"torch": run_torch, "paddle": run_paddle}
+def run_jittor(epochs: int, precision: str, progress_bar: str | None) -> float:
+    from drivetrain_jittor import import_jittor
+
+    jt = import_jittor()  # sets jittor's import environment; says so if jittor compiles (first use: minutes)
+    from drivetrain import Accuracy, Event, Trainer, seed_everything
+
+    seed_everything(0)  # python, numpy (the Dataset's order) and jittor
+
+    class Digits(jt.dataset.Dataset):
+        def __init__(self, arrays: dict, **attrs) -> None:
+            super().__init__()
+            self.arrays = {"x": arrays["x"], "target": arrays["target"].astype(np.int32)}
+            self.set_attrs(total_len=len(arrays["x"]), **attrs)
+
+        def __getitem__(self, i: int) -> dict:
+            return {k: v[i] for k, v in self.arrays.items()}
+
+    class MLP(jt.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = jt.nn.Sequential(jt.nn.Linear(64, 128), jt.nn.ReLU(), jt.nn.Linear(128, 10))
+
+        def execute(self, x, target):
+            logits = self.net(x)
+            return {"loss": jt.nn.cross_entropy_loss(logits, target), "pred": logits}
+
+    train, dev = load_data()
+    model = MLP()
+    trainer = Trainer(
+        model,
+        driver="jittor",
+        device="cpu",
+        train_dataloader=Digits(train, batch_size=32, shuffle=True),
+        optimizers=jt.optim.Adam(model.parameters(), lr=2e-3),
+        evaluate_dataloaders={"dev": Digits(dev, batch_size=256)},
+        metrics={"acc": Accuracy()},
+        n_epochs=epochs,
+        evaluate_every=-1,
+        monitor="acc",
+        precision=precision,  # fp16 is jittor's global AMP flag: opt in with jittor_kwargs (below)
+        jittor_kwargs={"amp_level": 4} if precision == "fp16" else None,
+        progress_bar=progress_bar,
+    )
+    results = {}
+    trainer.add_callback_fn(Event.on_evaluate_end(), lambda t, r: results.update(r))
+    trainer.run()
+    return results["acc#acc#dev"]
+
+
+def run_oneflow(epochs: int, precision: str, progress_bar: str | None) -> float:
+    os.environ.setdefault("GLOG_minloglevel", "2")  # oneflow's C++ INFO lines
+    import oneflow as flow
+    from oneflow import nn
+
+    from drivetrain import Accuracy, Event, Trainer, seed_everything
+
+    seed_everything(0)  # python, numpy and oneflow (the shuffling seed is drawn from oneflow's generator)
+
+    class DictDataset(flow.utils.data.Dataset):
+        """numpy arrays in, numpy samples out: the DataLoader turns them into oneflow tensors."""
+
+        def __init__(self, arrays: dict) -> None:
+            self.arrays = arrays
+
+        def __len__(self) -> int:
+            return len(self.arrays["x"])
+
+        def __getitem__(self, i: int) -> dict:
+            return {k: v[i] for k, v in self.arrays.items()}
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+        def forward(self, x, target):
+            logits = self.net(x)
+            return {"loss": nn.functional.cross_entropy(logits, target), "pred": logits}
+
+    train, dev = load_data()
+    model = MLP()
+    trainer = Trainer(
+        model,
+        driver="oneflow",
+        device="cpu",
+        train_dataloader=flow.utils.data.DataLoader(DictDataset(train), batch_size=32, shuffle=True),
+        optimizers=flow.optim.Adam(model.parameters(), lr=2e-3),
+        evaluate_dataloaders={"dev": flow.utils.data.DataLoader(DictDataset(dev), batch_size=256)},
+        metrics={"acc": Accuracy()},
+        n_epochs=epochs,
+        evaluate_every=-1,
+        monitor="acc",
+        precision=precision,  # fp16/bf16 on CPU: a warning, then fp32 (oneflow autocasts on CUDA only)
+        progress_bar=progress_bar,
+    )
+    results = {}
+    trainer.add_callback_fn(Event.on_evaluate_end(), lambda t, r: results.update(r))
+    trainer.run()
+    return results["acc#acc#dev"]
+
+
+RUNNERS = {"torch": run_torch, "paddle": run_paddle, "jittor": run_jittor, "oneflow": run_oneflow}
 
 
 def main(argv: list[str] | None = None) -> float:

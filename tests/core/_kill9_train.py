@@ -1,6 +1,6 @@
 """The child process of the kill -9 tests: trains a fixed problem, checkpointing after every batch.
 
-    python _kill9_train.py CKPT_DIR OUT_FILE [--resume] [--driver numpy|torch|paddle]
+    python _kill9_train.py CKPT_DIR OUT_FILE [--resume] [--driver numpy|torch|paddle|oneflow|jittor]
 
 - Seeded, shuffled data, random noise in the forward pass (numpy's global RNG for the
   numpy driver, dropout for torch and paddle), gradient accumulation over 3 batches, 3 epochs.
@@ -152,7 +152,76 @@ def build_paddle():
     return trainer, lambda: {k: v.numpy().copy() for k, v in model.state_dict().items()}
 
 
-BUILDERS = {"numpy": build_numpy, "torch": build_torch, "paddle": build_paddle}
+def build_oneflow():
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    import oneflow as flow
+
+    from drivetrain import Trainer, seed_everything
+
+    class MLP(flow.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = flow.nn.Sequential(flow.nn.Linear(8, 32), flow.nn.ReLU(), flow.nn.Dropout(0.3),
+                                          flow.nn.Linear(32, 2))
+
+        def forward(self, x, y):
+            return {"loss": flow.nn.functional.cross_entropy(self.net(x), y)}
+
+    class Pairs(flow.utils.data.Dataset):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(0)
+            self.x = rng.standard_normal((96, 8)).astype(np.float32)
+            self.y = (self.x[:, 0] - self.x[:, 3] > 0).astype(np.int64)
+
+        def __len__(self) -> int:
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return {"x": self.x[i], "y": self.y[i]}
+
+    seed_everything(0)
+    loader = flow.utils.data.DataLoader(Pairs(), batch_size=8, shuffle=True)
+    model = MLP()
+    opt = flow.optim.Adam(model.parameters(), lr=1e-2)
+    trainer = Trainer(model, loader, opt, driver="oneflow", device="cpu", n_epochs=N_EPOCHS,
+                      accumulation_steps=ACCUMULATION, progress_bar=None)
+    return trainer, lambda: {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
+def build_jittor():
+    from drivetrain_jittor import import_jittor
+
+    jt = import_jittor()
+    from drivetrain import Trainer, seed_everything
+
+    class MLP(jt.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = jt.nn.Sequential(jt.nn.Linear(8, 32), jt.nn.ReLU(), jt.nn.Dropout(0.3), jt.nn.Linear(32, 2))
+
+        def execute(self, x, y):
+            return {"loss": jt.nn.cross_entropy_loss(self.net(x), y)}
+
+    class Pairs(jt.dataset.Dataset):
+        def __init__(self) -> None:
+            super().__init__(batch_size=8, shuffle=True)
+            rng = np.random.default_rng(0)
+            self.x = rng.standard_normal((96, 8)).astype(np.float32)
+            self.y = (self.x[:, 0] - self.x[:, 3] > 0).astype(np.int32)
+            self.set_attrs(total_len=96)
+
+        def __getitem__(self, i):
+            return {"x": self.x[i], "y": self.y[i]}
+
+    seed_everything(0)
+    model = MLP()
+    trainer = Trainer(model, Pairs(), jt.optim.Adam(model.parameters(), lr=1e-2), driver="jittor", device="cpu",
+                      n_epochs=N_EPOCHS, accumulation_steps=ACCUMULATION, progress_bar=None)
+    return trainer, lambda: {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
+BUILDERS = {"numpy": build_numpy, "torch": build_torch, "paddle": build_paddle, "oneflow": build_oneflow,
+            "jittor": build_jittor}
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,122 @@
+"""Importing jittor through drivetrain-jittor: environment defaults, no torch, a status line, no side effects.
+
+Each case runs in a fresh interpreter (the environment is read at jittor's import),
+with the warm compile cache, so it takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from drivetrain_jittor._import import environment_defaults
+
+pytestmark = pytest.mark.jittor
+
+_JITTOR_ENV = ("nvcc_path", "use_mkl", "FIX_TORCH_ERROR", "mkl_lib_path")
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in _JITTOR_ENV}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env={**base, **(env or {})}, timeout=timeout)
+
+
+def last_json(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(150)
+def test_import_sets_defaults_keeps_torch_out_and_the_users_random_state():
+    result = run_python("""
+        import json, os, random, sys
+        import numpy as np
+        from drivetrain_jittor import import_jittor  # imports drivetrain (and rich, which draws from random)
+        random.seed(3); np.random.seed(3)
+        want = (random.random(), float(np.random.random()))
+        random.seed(3); np.random.seed(3)
+        jt = import_jittor()
+        got = (random.random(), float(np.random.random()))
+        from drivetrain_jittor._import import _onednn_installed
+        print(json.dumps({"torch": "torch" in sys.modules, "same_random": want == got, "onednn": _onednn_installed(),
+                          "env": {k: os.environ.get(k) for k in ("nvcc_path", "use_mkl", "FIX_TORCH_ERROR")},
+                          "has_cuda": bool(jt.has_cuda)}))
+    """)
+    out = last_json(result)
+    assert out["torch"] is False, "import jittor imported torch"
+    assert out["same_random"] is True, "import jittor reseeded python's or numpy's generator"
+    assert out["env"]["FIX_TORCH_ERROR"] == "0"
+    assert out["env"]["use_mkl"] == (None if out["onednn"] else "0")  # without oneDNN jittor would download it
+    if out["env"]["nvcc_path"] == "":
+        assert out["has_cuda"] is False
+
+
+@pytest.mark.timeout(150)
+def test_the_users_own_settings_win():
+    result = run_python("""
+        import json, os
+        from drivetrain_jittor import prepare_environment
+        print(json.dumps({"set": prepare_environment(),
+                          "env": {k: os.environ.get(k) for k in ("nvcc_path", "use_mkl", "FIX_TORCH_ERROR")}}))
+    """, env={"nvcc_path": "/nowhere/nvcc", "use_mkl": "0", "FIX_TORCH_ERROR": "1"})
+    out = last_json(result)
+    assert out["set"] == {}
+    assert out["env"] == {"nvcc_path": "/nowhere/nvcc", "use_mkl": "0", "FIX_TORCH_ERROR": "1"}
+
+
+def test_nvcc_path_is_left_alone_where_an_nvidia_driver_answers(monkeypatch):
+    for key in _JITTOR_ENV:
+        monkeypatch.delenv(key, raising=False)
+    assert "nvcc_path" not in environment_defaults(cuda_usable=lambda: True)
+    assert environment_defaults(cuda_usable=lambda: False)["nvcc_path"] == ""
+
+
+@pytest.mark.timeout(150)
+def test_a_slow_import_is_announced_with_its_duration():
+    result = run_python("""
+        from drivetrain_jittor import import_jittor
+        import_jittor(notice_after=0.0)
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "drivetrain-jittor: importing jittor is taking more than 0 s" in result.stderr
+    assert "compiles jittor's C++ core" in result.stderr
+    assert "drivetrain-jittor: jittor imported in" in result.stderr
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_raises_keyboard_interrupt_and_a_killed_child_does_not_end_the_process():
+    code = """
+        import os, signal, subprocess, sys, time
+        from drivetrain_jittor import import_jittor
+        import_jittor()
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        time.sleep(0.2)
+        print("survived the killed child", flush=True)
+        try:
+            time.sleep(30)
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt", flush=True)
+    """
+    base = {k: v for k, v in os.environ.items() if k not in _JITTOR_ENV}
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=base)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "survived the killed child", proc.stderr.read()[-2000:]
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "KeyboardInterrupt" in out, err[-2000:]
