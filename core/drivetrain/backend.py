@@ -80,6 +80,8 @@ __all__ = [
     "UnrepeatedBatchSampler",  # the evaluation sampler: each rank its own shard, once, no padding
     "array_buffer",  # (dtype, shape, bytes) of a numpy array, for Driver.tensor_buffer
     "bool_option",
+    "check_state_names",  # load_model_state's strict name check, with the message every backend gives
+    "listed_names",  # a short list of names for an error message
     "check_framework_kwargs",
     "find_reproducible_sampler",
     "move_nested",
@@ -176,6 +178,41 @@ def check_model_type(model: Any, module_type: type, *, driver: str, expected: st
             else f"a {type(model).__module__}.{type(model).__qualname__}"
         )
         raise DriverError(f"model={model!r:.80} is {kind}; the {driver} driver needs a {expected}.")
+
+
+_MAX_LISTED = 10
+
+
+def listed_names(names: list[str]) -> str:
+    """``['a', 'b', ... 3 more]``: names for an error message, never a wall of them."""
+    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
+    more = len(names) - _MAX_LISTED
+    return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
+
+
+def check_state_names(state: Any, expected: Any, owner: str, hint: str = "") -> None:
+    """Refuse a model state that is not a mapping or whose names differ from ``expected`` (strict).
+
+    ``owner`` names the model in the message (``type(model).__name__``); ``hint`` is a
+    sentence added at the end (e.g. how a framework's wrappers prefix names).
+    """
+    if not isinstance(state, Mapping):
+        raise DriverError(
+            f"load_model_state(state={type(state).__name__}) needs a dict of name -> tensor, "
+            "as returned by model_state() or load_tensors()."
+        )
+    missing = [name for name in expected if name not in state]
+    unexpected = [name for name in state if name not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing key(s) {listed_names(missing)}")
+        if unexpected:
+            parts.append(f"unexpected key(s) {listed_names(unexpected)}")
+        raise DriverError(
+            f"The state does not fit the model {owner}: {'; '.join(parts)}. "
+            f"Was it saved from a different model class or architecture?{' ' + hint if hint else ''}"
+        )
 
 
 def bool_option(options: Mapping[str, Any], key: str, default: bool, *, argument: str) -> bool:

@@ -32,8 +32,8 @@ import numpy as np
 import safetensors
 
 from drivetrain._errors import DriverError
+from drivetrain.backend import check_state_names, listed_names
 
-_MAX_LISTED = 10
 _ZERO_FLAG = "_Optimizer__zero_grad"
 """jittor's private flag: True when the optimizer's stored gradients are stale (after zero_grad/step)."""
 _NOT_SLOTS = ("params", "grads")
@@ -51,12 +51,6 @@ def _jt() -> Any:
     import jittor
 
     return jittor
-
-
-def _listed(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
-    more = len(names) - _MAX_LISTED
-    return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
 
 
 def as_var(value: Any, where: str, dtype: str | None = None) -> Any:
@@ -86,24 +80,8 @@ def model_state(model: Any) -> dict[str, Any]:
 
 def load_model_state(model: Any, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``'s Vars (identity kept); names and shapes must match exactly."""
-    if not isinstance(state, Mapping):
-        raise DriverError(
-            f"load_model_state(state={type(state).__name__}) needs a dict of name -> tensor, "
-            "as returned by model_state() or load_tensors()."
-        )
     expected = model.state_dict()
-    missing = [name for name in expected if name not in state]
-    unexpected = [name for name in state if name not in expected]
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing key(s) {_listed(missing)}")
-        if unexpected:
-            parts.append(f"unexpected key(s) {_listed(unexpected)}")
-        raise DriverError(
-            f"The state does not fit the model {type(model).__name__}: {'; '.join(parts)}. "
-            "Was it saved from a different model class or architecture?"
-        )
+    check_state_names(state, expected, type(model).__name__)
     prepared = {}
     for name, target in expected.items():
         value = as_var(state[name], f"state[{name!r}]", str(target.dtype))
@@ -223,7 +201,7 @@ def load_gradient_state(model: Any, optimizers: list[Any], grads: Mapping[str, A
     if unknown:
         raise DriverError(
             f"load_gradient_state: no optimizer of the model {type(model).__name__} holds parameter(s) "
-            f"{_listed(unknown)}; the gradients were saved from a different model or optimizer setup."
+            f"{listed_names(unknown)}; the gradients were saved from a different model or optimizer setup."
         )
     for k, optimizer in enumerate(optimizers):
         mine = False
@@ -305,8 +283,8 @@ def load_optimizer_state(model: Any, optimizer: Any, state: Any, where: str) -> 
         keys = [_name_of(names, p, f"{where}.param_groups[{g}]") for p in group["params"]]
         if list(saved.get("parameters", [])) != keys:
             raise DriverError(
-                f"{where}: param group {g} was saved over parameters {_listed(list(saved.get('parameters', [])))} "
-                f"but holds {_listed(keys)} here; build the optimizer over the same parameters, in the same order."
+                f"{where}: param group {g} was saved over parameters {listed_names(list(saved.get('parameters', [])))} "
+                f"but holds {listed_names(keys)} here; build the optimizer over the same parameters, in the same order."
             )
         for key, per_param in saved.get("slots", {}).items():
             current = group.get(key)

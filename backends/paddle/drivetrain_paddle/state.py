@@ -30,8 +30,7 @@ import paddle
 import safetensors
 
 from drivetrain._errors import DriverError
-
-_MAX_LISTED = 10
+from drivetrain.backend import check_state_names, listed_names
 
 # paddle dtype -> safetensors tag; numpy has no bfloat16/float8, paddle hands those over as
 # uint16/int8 arrays holding the same bits.
@@ -55,12 +54,6 @@ _ITEM_SIZES = {"F64": 8, "I64": 8, "C64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16
                "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
-def _listed(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
-    more = len(names) - _MAX_LISTED
-    return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
-
-
 def as_tensor(value: Any, where: str) -> paddle.Tensor:
     """A paddle tensor from a paddle tensor or a numpy array (checkpoints may hold either)."""
     if isinstance(value, paddle.Tensor):
@@ -78,24 +71,8 @@ def model_state(model: paddle.nn.Layer) -> dict[str, paddle.Tensor]:
 
 def load_model_state(model: paddle.nn.Layer, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``; names and shapes must match exactly, dtypes are cast to the model's."""
-    if not isinstance(state, Mapping):
-        raise DriverError(
-            f"load_model_state(state={type(state).__name__}) needs a dict of name -> tensor, "
-            "as returned by model_state() or load_tensors()."
-        )
     expected = model.state_dict()
-    missing = [name for name in expected if name not in state]
-    unexpected = [name for name in state if name not in expected]
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing key(s) {_listed(missing)}")
-        if unexpected:
-            parts.append(f"unexpected key(s) {_listed(unexpected)}")
-        raise DriverError(
-            f"The state does not fit the model {type(model).__name__}: {'; '.join(parts)}. "
-            "Was it saved from a different model class or architecture?"
-        )
+    check_state_names(state, expected, type(model).__name__)
     prepared: dict[str, paddle.Tensor] = {}
     for name, target in expected.items():
         value = as_tensor(state[name], f"state[{name!r}]")
@@ -187,7 +164,7 @@ def load_gradient_state(model: paddle.nn.Layer, grads: Mapping[str, Any]) -> Non
     unknown = [name for name in grads if name not in params]
     if unknown:
         raise DriverError(
-            f"load_gradient_state: the model {type(model).__name__} has no parameter(s) {_listed(unknown)}; "
+            f"load_gradient_state: the model {type(model).__name__} has no parameter(s) {listed_names(unknown)}; "
             "the gradients were saved from a different model."
         )
     prepared = {}
@@ -290,7 +267,7 @@ def load_optimizer_state(model: paddle.nn.Layer, optimizer: paddle.optimizer.Opt
     unknown += sorted(n for n in state.get("master_weights", {}) if n.split("@")[0] not in params)
     if unknown:
         raise DriverError(
-            f"{where} holds state for parameter(s) {_listed(unknown)} that the model {type(model).__name__} "
+            f"{where} holds state for parameter(s) {listed_names(unknown)} that the model {type(model).__name__} "
             "does not have; build the same model and optimizer as the run that saved the checkpoint."
         )
     targets: dict[str, paddle.Tensor] = dict(params)

@@ -18,9 +18,7 @@ import safetensors.torch
 import torch
 
 from drivetrain._errors import DriverError
-from drivetrain.backend import array_buffer
-
-_MAX_LISTED = 10
+from drivetrain.backend import array_buffer, check_state_names, listed_names
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -32,33 +30,12 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(model.state_dict())
 
 
-def _listed(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
-    more = len(names) - _MAX_LISTED
-    return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
-
-
 def load_model_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``; names and shapes must match exactly (strict)."""
-    if not isinstance(state, Mapping):
-        raise DriverError(
-            f"load_model_state(state={type(state).__name__}) needs a dict of name -> tensor, "
-            "as returned by model_state() or load_tensors()."
-        )
     expected = model.state_dict()
-    missing = [name for name in expected if name not in state]
-    unexpected = [name for name in state if name not in expected]
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing key(s) {_listed(missing)}")
-        if unexpected:
-            parts.append(f"unexpected key(s) {_listed(unexpected)}")
-        raise DriverError(
-            f"The state does not fit the model {type(model).__name__}: {'; '.join(parts)}. "
-            "Was it saved from a different model class or architecture? (A state saved from a wrapped "
-            "model, e.g. with a 'module.' or '_orig_mod.' prefix, must be saved from the unwrapped model.)"
-        )
+    check_state_names(state, expected, type(model).__name__,
+                      hint="(A state saved from a wrapped model, e.g. with a 'module.' or '_orig_mod.' prefix, "
+                      "must be saved from the unwrapped model.)")
     tensors: dict[str, torch.Tensor] = {}
     for name, target in expected.items():
         value = state[name]
@@ -150,7 +127,7 @@ def load_gradient_state(model: torch.nn.Module, grads: Mapping[str, Any]) -> Non
     unknown = [name for name in grads if name not in params]
     if unknown:
         raise DriverError(
-            f"load_gradient_state: the model {type(model).__name__} has no parameter(s) {_listed(unknown)}; "
+            f"load_gradient_state: the model {type(model).__name__} has no parameter(s) {listed_names(unknown)}; "
             "the gradients were saved from a different model."
         )
     prepared = {name: _gradient_for(params[name], name, value) for name, value in grads.items()}
