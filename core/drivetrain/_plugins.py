@@ -14,6 +14,8 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import platform
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,17 +39,46 @@ logger = logging.getLogger("drivetrain.plugins")
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-# Backends this project publishes, so a missing one gets the right pip command.
-KNOWN_BACKENDS: dict[str, str] = {
-    "torch": "torch",
-    "paddle": "paddle",
-    "jittor": "jittor",
-    "oneflow": "oneflow",
+@dataclass(frozen=True)
+class KnownBackend:
+    """A backend this project publishes: how to install it, and on which Pythons its framework exists."""
+
+    extra: str
+    framework_pin: str = ""
+    max_python: tuple[int, int] | None = None
+    """The newest Python the framework publishes working wheels for; None when any supported one works."""
+    why_not: str = ""
+
+
+# Backends this project publishes, so a missing one gets the right pip command (or the reason there is none).
+KNOWN_BACKENDS: dict[str, KnownBackend] = {
+    "torch": KnownBackend("torch"),
+    "paddle": KnownBackend("paddle", "paddlepaddle==3.3.1"),
+    "jittor": KnownBackend("jittor"),
+    "oneflow": KnownBackend(
+        "oneflow", 'oneflow==0.9.0 "numpy<2" nvidia-cudnn-cu11==8.5.0.96 nvidia-cublas-cu11==11.10.3.66',
+        max_python=(3, 10),
+        why_not="OneFlow publishes working wheels (oneflow 0.9.0) only for Python <= 3.10 (on 3.11+ pip installs "
+        "oneflow 0.7.0, which has no native library)"),
 }
 
 
+def _install_sentence(name: str) -> str:
+    how = install_hint(name)
+    return f"Install it with: {how}" if how.startswith("pip ") else how[0].upper() + how[1:]
+
+
 def install_hint(name: str) -> str:
-    return f'pip install "drivetrain[{name}]"' if name in KNOWN_BACKENDS else f"pip install drivetrain-{name}"
+    """The pip command for backend ``name``; for a framework with no wheels for this Python, what to do instead."""
+    known = KNOWN_BACKENDS.get(name)
+    if known is None:
+        return f"pip install drivetrain-{name}"
+    command = f'pip install "drivetrain[{known.extra}]"' + (f" {known.framework_pin}" if known.framework_pin else "")
+    if known.max_python is not None and sys.version_info[:2] > known.max_python:
+        newest = ".".join(map(str, known.max_python))
+        return (f"no install works on this Python {platform.python_version()}: {known.why_not}. Create a Python "
+                f"{newest} environment and run there: {command}")
+    return command
 
 
 @dataclass(frozen=True)
@@ -336,7 +367,7 @@ def resolve_spec(driver: str, model: Any) -> DriverSpec:
         if driver in KNOWN_BACKENDS:
             raise DriverNotFoundError(
                 f"driver={driver!r} is not installed; installed drivers: {', '.join(installed) or 'none'}. "
-                f"Install it with: {install_hint(driver)}.{broken}"
+                f"{_install_sentence(driver)}.{broken}"
             )
         close = difflib.get_close_matches(driver, installed + list(KNOWN_BACKENDS), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""

@@ -1,0 +1,259 @@
+"""OneflowDDPDriver: data-parallel training on oneflow.distributed and DistributedDataParallel.
+
+One process per device, started by ``python -m oneflow.distributed.launch`` or by the
+Trainer's supervisor (:mod:`._launch`); oneflow has joined its peers at import. Where
+this driver differs from the single-process one:
+
+- oneflow's ``DistributedDataParallel`` does not wrap the module: it registers hooks on
+  it and returns it. Its gradient all-reduce is armed by a forward hook, so training
+  calls go through a small dispatching module that DDP hooks (whatever method trains:
+  ``forward``, ``train_step`` or ``train_fn=``); evaluation calls the bare model;
+- ``no_sync`` cannot be had: oneflow 0.9's DDP all-reduces on every backward. Gradient
+  accumulation still gives the same gradients as with ``no_sync`` (each micro-batch's
+  local gradient is averaged across processes once), with one all-reduce per micro-batch;
+- oneflow has no object collectives: ``broadcast_object``/``all_gather_object`` send
+  pickled bytes through ``oneflow.comm`` tensor collectives (between this run's own
+  processes only; files are never unpickled);
+- dataloaders are re-sampled so each rank takes its share of every global batch
+  (training) or its own contiguous shard (evaluation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import oneflow as flow
+
+from drivetrain._errors import DriverError
+from drivetrain.backend import DataSharding, DistributedDriverMixin, reducible_array
+
+from . import state as _state
+from ._dataloader import describe_sampling, reproducible_dataloader, unrepeated_dataloader
+from ._dist_plan import DIST_KWARGS, DistPlan
+from ._launch import die_with_launcher
+from ._watchdog import Watchdog
+from .driver import FRAMEWORK_KWARGS, OneflowSingleDriver
+
+_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
+
+
+class _Dispatch(flow.nn.Module):
+    """The module DDP hooks: its forward calls the method the loop asks for.
+
+    oneflow's DDP re-arms its gradient all-reduce in a forward hook, so a
+    ``train_step`` method must be reached through a module call, not called bare.
+    That hook accepts only tensors (or a dict/list of them) as output, so the values
+    of a dict output that are not tensors (a count, a string) are set aside here and
+    put back by :func:`_through`.
+    """
+
+    def __init__(self, module: flow.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.set_aside: tuple[Mapping, list] | None = None
+
+    def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "forward":
+            out = self.module(*args, **kwargs)
+        else:
+            out = getattr(self.module, method)(*args, **kwargs)
+        if isinstance(out, Mapping) and not all(isinstance(v, flow.Tensor) for v in out.values()):
+            self.set_aside = (out, list(out))
+            return {k: v for k, v in out.items() if isinstance(v, flow.Tensor)}
+        return out
+
+
+def _through(ddp: _Dispatch, method: str, args: tuple, kwargs: dict) -> Any:
+    """Call ``method`` through DDP's hooks; a dict output comes back whole, in its original key order."""
+    ddp.set_aside = None
+    out = ddp(method, *args, **kwargs)
+    if ddp.set_aside is None:
+        return out
+    original, keys = ddp.set_aside
+    ddp.set_aside = None
+    return {key: out[key] if key in out else original[key] for key in keys}
+
+
+SHARDING = DataSharding(
+    reproducible=reproducible_dataloader,
+    unrepeated=unrepeated_dataloader,
+    describe=describe_sampling,
+    option="oneflow_kwargs",
+    default_loader="oneflow.utils.data.DataLoader(dataset, batch_size=..., shuffle=True/False)",
+    shard_yourself="sampler=oneflow.utils.data.DistributedSampler(dataset)",
+    waits="DDP",
+    same_batches="DistributedSampler(dataset, drop_last=True) and the same batch_size everywhere",
+)
+
+
+class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
+    """Drives one rank of a oneflow ``DistributedDataParallel`` run (built by ``create_driver`` from a plan).
+
+    Rank properties, dataloader sharding and the per-epoch check that every rank has as
+    many batches come from :class:`drivetrain.backend.DistributedDriverMixin`.
+    """
+
+    accepted_kwargs: Mapping[str, str] = {**FRAMEWORK_KWARGS, **DIST_KWARGS}
+    sharding = SHARDING
+
+    def __init__(self, model: Any, plan: DistPlan, *, precision: str = "fp32", grad_clip: float | None = None,
+                 grad_clip_type: str = "norm", model_wo_auto_param_call: bool = False,
+                 framework_kwargs: Mapping[str, Any] | None = None) -> None:
+        super().__init__(model, plan.device, precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
+                         model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
+        self.plan = plan
+        self._ddp: _Dispatch | None = None
+        self._is_setup = False
+        self._watchdog = Watchdog(plan.rank, plan.world_size, plan.timeout)
+        self._watch = self._watchdog.watch
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self) -> None:
+        """Move the model to this rank's device and register DDP's hooks (it copies rank 0's weights)."""
+        if self._is_setup:
+            return
+        self._is_setup = True
+        if not self.plan.spawned:
+            die_with_launcher()
+        if self.device.type == "cuda":
+            flow.cuda.set_device(self.device)
+        self.model.to(self.device)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if not trainable:
+            return
+        wrong = sorted({str(p.dtype) for p in trainable if p.dtype != flow.float32})
+        if wrong:
+            raise DriverError(
+                f"oneflow's DistributedDataParallel needs float32 parameters, but the model has {wrong}; keep the "
+                "parameters in float32 and use precision='fp16'/'bf16' on CUDA for mixed precision."
+            )
+        with self._watch("setup (DistributedDataParallel copies rank 0's weights to every process)"):
+            self._ddp = flow.nn.parallel.DistributedDataParallel(_Dispatch(self.model), **self.plan.ddp_kwargs)
+            flow.comm.barrier()
+
+    def on_exception(self) -> None:
+        """Say which rank fails and why: oneflow's launcher reports only an exit code."""
+        exc = sys.exc_info()[1]
+        lines = str(exc).strip().splitlines() if exc is not None else []
+        text = "failed" if exc is None else type(exc).__name__ + (f": {lines[0][:300]}" if lines else "")
+        sys.stdout.flush()
+        sys.stderr.write(f"drivetrain: rank {self.rank} of {self.world_size} failed: {text}\n")
+        sys.stderr.flush()
+
+    # ---------------------------------------------------------------------- model
+    def unwrap_model(self) -> flow.nn.Module:
+        return self.model
+
+    def _wrapped_model_call(self) -> Any:
+        return self.model
+
+    def get_model_call_fn(self, fn_name: str | None, default: str = "train_step") -> tuple[Callable, Callable]:
+        """Training (``default='train_step'``) goes through DDP's hooks; evaluation calls the bare module."""
+        fn, signature = super().get_model_call_fn(fn_name, default)
+        if default != "train_step" or self._ddp is None:
+            return fn, signature
+        if fn_name is None:
+            fn_name = default if callable(getattr(self.model, default, None)) else self.default_forward_name
+        ddp, method = self._ddp, fn_name
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return _through(ddp, method, args, kwargs)
+
+        return call, signature
+
+    def model_call(self, batch: Any, fn: Any, signature_fn: Any) -> Any:
+        with self._watch("the forward"):
+            return super().model_call(batch, fn, signature_fn)
+
+    def backward(self, loss: Any) -> None:
+        with self._watch("backward (the gradient all-reduce)"):
+            super().backward(loss)
+
+    def step(self) -> None:
+        with self._watch("the optimizer step"):
+            super().step()
+
+    def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
+        with self._watch("reading a tensor (waits for pending collectives)"):
+            return super().tensor_to_numpy(tensor)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """A no-op: oneflow 0.9's DDP all-reduces on every backward (the accumulated result is the same)."""
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ gradients
+    def _grad_slot(self, param: Any) -> Any:
+        """The tensor ``param``'s gradient lives in under DDP (a view of its all-reduce bucket), created if needed."""
+        if param.grad is not None or self._ddp is None or not param.requires_grad:
+            return param.grad
+        ddp = self._ddp
+        try:
+            start = ddp._param_grad_offset_in_bucket[param]
+            bucket = ddp._bucket_tensors[ddp._bucket_index[param]]
+        except (AttributeError, KeyError) as exc:  # another oneflow release: its DDP keeps buckets differently
+            raise DriverError(
+                f"load_gradient_state: cannot find oneflow {flow.__version__}'s DDP gradient bucket of a parameter "
+                f"({exc!r}); resume from a checkpoint taken at the end of an accumulation cycle."
+            ) from exc
+        param.grad = flow._C.slice_view_1d_contiguous(bucket, start, start + param.numel()).view(param.shape)
+        return param.grad
+
+    def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
+        _state.load_gradient_state(self.model, grads, grad_slot=self._grad_slot)
+
+    # ---------------------------------------------------------------- collectives
+    def _local(self, array: np.ndarray) -> flow.Tensor:
+        """``array`` as a tensor on this rank's device (oneflow's collectives want the local rank's device)."""
+        return flow.tensor(np.ascontiguousarray(array), device=self.device)
+
+    def barrier(self) -> None:
+        with self._watch("barrier()"):
+            flow.comm.barrier()
+
+    def _gather(self, array: np.ndarray) -> list[np.ndarray]:
+        """Every rank's ``array`` (same shape and dtype everywhere), in rank order."""
+        tensor = self._local(array)
+        out = [flow.empty(tuple(tensor.shape), dtype=tensor.dtype, device=self.device) for _ in range(self.world_size)]
+        with self._watch("an all_gather"):
+            flow.comm.all_gather(out, tensor)
+            return [t.numpy() for t in out]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        if not isinstance(src, int) or not 0 <= src < self.world_size:
+            raise DriverError(f"broadcast_object(src={src!r}): src must be a rank in 0..{self.world_size - 1}.")
+        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == src else np.zeros(0, np.uint8)
+        size = self._local(np.array([payload.size], dtype=np.int64))
+        with self._watch("broadcast_object()"):
+            flow.comm.broadcast(size, src)
+            count = int(size.numpy()[0])
+            data = self._local(payload if self.rank == src else np.zeros(count, np.uint8))
+            flow.comm.broadcast(data, src)
+            received = data.numpy().tobytes()
+        return obj if self.rank == src else pickle.loads(received)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        sizes = [int(s[0]) for s in self._gather(np.array([payload.size], dtype=np.int64))]
+        padded = np.zeros(max(sizes), dtype=np.uint8)
+        padded[:payload.size] = payload
+        return [pickle.loads(chunk[:size].tobytes()) for chunk, size in zip(self._gather(padded), sizes, strict=True)]
+
+    def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+        """Reduce ``array`` over the ranks: gathered, then reduced in rank order (the same result everywhere)."""
+        super().all_reduce(array, op)
+        array = reducible_array(array)
+        if array.dtype.kind in "biu":
+            array = array.astype(np.int64)  # oneflow has no bool/uint16+ tensors; int64 holds any count
+        elif array.dtype == np.float16:
+            array = array.astype(np.float32)
+        return _REDUCE[op](np.stack(self._gather(array)), axis=0)
+
+    # ----------------------------------------------------------------- describing
+    def describe(self) -> str:
+        return (f"oneflow driver (OneflowDDPDriver) rank {self.rank}/{self.world_size} device={self.device} "
+                f"precision={self.precision} oneflow={flow.__version__}")

@@ -1,0 +1,195 @@
+"""Mixed precision for the oneflow backend: the autocast to enter and the loss scaler fp16 needs.
+
+oneflow 0.9 autocasts on CUDA only (``oneflow.autocast("cpu")`` warns and does
+nothing), and its ``oneflow.amp.GradScaler`` configures ``nn.Graph`` programs only:
+it has no ``scale``/``step``/``update`` for eager training. So:
+
+- ``fp32``: nothing;
+- ``bf16`` on CUDA: ``oneflow.autocast("cuda", dtype=bfloat16)``, no scaler (bf16 has fp32's range);
+- ``fp16`` on CUDA: ``oneflow.autocast("cuda", dtype=float16)`` plus :class:`LossScaler`, a dynamic
+  loss scaler written here (scale the loss, unscale the gradients, skip a step whose
+  gradients overflowed and halve the scale, double it after ``growth_interval`` good steps);
+- ``fp16``/``bf16`` on CPU: a warning, then fp32 (the capability notes say so too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import oneflow as flow
+
+from drivetrain._errors import DriverError
+
+_DTYPES = {"fp16": flow.float16, "bf16": flow.bfloat16}
+SCALER_KWARGS = {
+    "init_scale": "first loss scale (default 65536.0)",
+    "growth_factor": "factor the scale grows by after growth_interval steps without overflow (default 2.0)",
+    "backoff_factor": "factor the scale shrinks by when gradients overflow (default 0.5)",
+    "growth_interval": "steps without overflow before the scale grows (default 2000)",
+}
+
+
+class LossScaler:
+    """Dynamic loss scaling for eager fp16 training (oneflow 0.9 has none outside nn.Graph).
+
+    The loss is multiplied by ``scale`` before backward, so small fp16 gradients do not
+    flush to zero; before the optimizer step the gradients are divided by it again. A
+    step whose gradients hold inf/NaN is skipped and the scale is multiplied by
+    ``backoff_factor``; after ``growth_interval`` good steps in a row it is multiplied
+    by ``growth_factor``. Device-agnostic oneflow ops only, so it is tested on the CPU.
+    """
+
+    def __init__(self, init_scale: float = 65536.0, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000) -> None:
+        checks = (("init_scale", init_scale, lambda v: v > 0), ("growth_factor", growth_factor, lambda v: v > 1),
+                  ("backoff_factor", backoff_factor, lambda v: 0 < v < 1))
+        for name, value, ok in checks:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not ok(value):
+                raise DriverError(f"oneflow_kwargs['grad_scaler_kwargs'][{name!r}]={value!r} is out of range.")
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+            raise DriverError(
+                f"oneflow_kwargs['grad_scaler_kwargs']['growth_interval']={growth_interval!r} must be an int >= 1."
+            )
+        self.scale = float(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = growth_interval
+        self.growth_tracker = 0
+        self._unscaled = False
+        self.skipped_steps = 0
+
+    def scale_loss(self, loss: flow.Tensor) -> flow.Tensor:
+        return loss * self.scale
+
+    def unscale(self, params: Iterable[flow.Tensor]) -> bool:
+        """Divide every gradient by the scale (once per step); True when all of them are finite."""
+        if self._unscaled:
+            return self._finite
+        grads = [p.grad for p in params if p.grad is not None]
+        inverse = 1.0 / self.scale
+        finite = True
+        with flow.no_grad():
+            for grad in grads:
+                grad.mul_(inverse)
+            if grads:
+                total = flow.stack([g.float().abs().sum() for g in grads]).sum()
+                finite = bool(flow.isfinite(total).item())
+        self._unscaled, self._finite = True, finite
+        return finite
+
+    def step(self, optimizers: list[Any], params: Callable[[], Iterable[flow.Tensor]]) -> bool:
+        """Unscale (if not done yet), step every optimizer unless a gradient overflowed, update the scale."""
+        finite = self.unscale(params())
+        if finite:
+            for optimizer in optimizers:
+                optimizer.step()
+            self.growth_tracker += 1
+            if self.growth_tracker >= self.growth_interval:
+                self.scale *= self.growth_factor
+                self.growth_tracker = 0
+        else:
+            self.scale *= self.backoff_factor
+            self.growth_tracker = 0
+            self.skipped_steps += 1
+        self._unscaled = False
+        return finite
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        missing = [key for key in ("scale", "growth_tracker") if key not in state]
+        if missing:
+            raise DriverError(f"load_precision_state: the loss scaler state lacks {missing}.")
+        self.scale = float(state["scale"])
+        self.growth_tracker = int(state["growth_tracker"])
+        for key in ("growth_factor", "backoff_factor"):
+            if key in state:
+                setattr(self, key, float(state[key]))
+        if "growth_interval" in state:
+            self.growth_interval = int(state["growth_interval"])
+
+
+class Precision:
+    """The autocast factory and optional loss scaler for one precision on one device."""
+
+    def __init__(self, precision: str, device: flow.device, scaler_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.precision = precision
+        self.scaler: LossScaler | None = None
+        self._null = contextlib.nullcontext()
+        self._dtype = _DTYPES.get(precision)
+        if scaler_kwargs is not None and precision != "fp16":
+            raise DriverError(
+                f"oneflow_kwargs['grad_scaler_kwargs'] only applies to precision='fp16', got "
+                f"precision={precision!r}; remove it or use precision='fp16'."
+            )
+        if self._dtype is None:
+            return
+        if device.type != "cuda":
+            warnings.warn(
+                f"precision={precision!r} on {device.type}: oneflow 0.9 has no CPU autocast, so this run trains "
+                "in fp32 (the result is that of precision='fp32'). Mixed precision needs device='cuda'.",
+                UserWarning,
+                stacklevel=4,
+            )
+            self._dtype = None
+            return
+        if precision == "bf16":
+            major, _ = flow.cuda.get_device_capability(device)
+            if major < 8:
+                raise DriverError(
+                    f"precision='bf16' on {device}: this GPU does not support bfloat16 (it needs compute "
+                    "capability 8.0, Ampere, or newer); use precision='fp16'."
+                )
+        if precision == "fp16":
+            options = dict(scaler_kwargs or {})
+            unknown = sorted(set(options) - set(SCALER_KWARGS))
+            if unknown:
+                raise DriverError(
+                    f"oneflow_kwargs['grad_scaler_kwargs'] has unknown key(s) {unknown}; accepted: "
+                    f"{', '.join(f'{k} ({v})' for k, v in SCALER_KWARGS.items())}."
+                )
+            self.scaler = LossScaler(**options)
+
+    @property
+    def active(self) -> bool:
+        """Whether the forward actually runs in reduced precision (False on CPU)."""
+        return self._dtype is not None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self._dtype is None:
+            return self._null
+        return flow.autocast("cuda", dtype=self._dtype)
+
+    def state(self) -> dict[str, Any] | None:
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_state(self, state: Any) -> None:
+        if state is None:
+            if self.scaler is not None:
+                warnings.warn(
+                    "the checkpoint has no loss scaler state (it was not saved with fp16 on CUDA); this run starts "
+                    "a fresh scaler, so its first steps may differ from a continued run.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return
+        if not isinstance(state, Mapping):
+            raise DriverError(
+                f"load_precision_state(state={type(state).__name__}) needs the dict returned by precision_state()."
+            )
+        if self.scaler is None:
+            warnings.warn(
+                f"the checkpoint holds a loss scaler state (saved with fp16 on CUDA) but this run uses "
+                f"precision={self.precision!r} without one; the state is ignored.",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
+        self.scaler.load_state_dict(state)
