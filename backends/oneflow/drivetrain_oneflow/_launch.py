@@ -127,6 +127,7 @@ class Supervisor:
         """Wait for every worker; once one fails, stop the rest after ``timeout``. The exit code to use."""
         failed_at: float | None = None
         while len(self.codes) < len(self.children):
+            failed_now = []  # ranks seen failing in this poll: a peer's death often takes another down at once
             for rank, proc in self.children.items():
                 if rank in self.codes:
                     continue
@@ -134,11 +135,12 @@ class Supervisor:
                 if code is None:
                     continue
                 self.codes[rank] = code
-                if code != 0 and rank not in self.stopped and failed_at is None:
-                    failed_at = time.monotonic()
-                    _say(f"rank {rank} of {self.plan.world_size} {exit_description(code)}; the other processes "
-                         f"stop too (killed if still running after oneflow_kwargs['timeout']="
-                         f"{self.plan.timeout:g} s).")
+                if code != 0 and rank not in self.stopped:
+                    failed_now.append(f"rank {rank} of {self.plan.world_size} {exit_description(code)}")
+            if failed_now and failed_at is None:
+                failed_at = time.monotonic()
+                _say(f"{'; '.join(failed_now)}; the other processes stop too (killed if still running after "
+                     f"oneflow_kwargs['timeout']={self.plan.timeout:g} s).")
             running = [r for r in self.children if r not in self.codes]
             if failed_at is not None and running and time.monotonic() - failed_at > self.plan.timeout:
                 self.stop(running)
