@@ -351,16 +351,29 @@ class Driver(abc.ABC):
     # them); the core stores those tensors with ``save_tensors`` and the rest as JSON.
     def optimizer_states(self) -> list[Any]:
         """One nested state per optimizer, in order; names must survive rebuilding the model."""
-        return [opt.state_dict() for opt in self.optimizers]
+        return [self._optimizer_state(opt, f"optimizer_states()[{i}]") for i, opt in enumerate(self.optimizers)]
 
     def load_optimizer_states(self, states: list[Any]) -> None:
+        """Check the list against the optimizers, then load each state into the optimizer at its position."""
+        if not isinstance(states, (list, tuple)):
+            raise DriverError(
+                f"load_optimizer_states(states={type(states).__name__}) needs the list optimizer_states() returns."
+            )
         if len(states) != len(self.optimizers):
             raise DriverError(
                 f"the checkpoint holds {len(states)} optimizer state(s) but the trainer has {len(self.optimizers)} "
                 "optimizer(s); pass the same optimizers as the run that saved it."
             )
-        for opt, state in zip(self.optimizers, states, strict=True):
-            opt.load_state_dict(state)
+        for i, (opt, state) in enumerate(zip(self.optimizers, states, strict=True)):
+            self._load_optimizer_state(opt, state, f"optimizer_states[{i}]")
+
+    def _optimizer_state(self, optimizer: Any, where: str) -> Any:
+        """One optimizer's state (``where`` names it in errors); override to key it by parameter name."""
+        return optimizer.state_dict()
+
+    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
+        """Load what :meth:`_optimizer_state` returned into ``optimizer``."""
+        optimizer.load_state_dict(state)
 
     @abc.abstractmethod
     def gradient_state(self) -> dict[str, Any]:

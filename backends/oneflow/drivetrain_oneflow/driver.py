@@ -281,14 +281,11 @@ class OneflowSingleDriver(Driver):
         _rng.seed_all(self.unwrap_model(), seed)
 
     # ------------------------------------------------- training state (checkpoints)
-    def load_optimizer_states(self, states: list[Any]) -> None:
-        if not isinstance(states, (list, tuple)):
-            raise DriverError(
-                f"load_optimizer_states(states={type(states).__name__}) needs the list optimizer_states() returns."
-            )
-        prepared = [_state.optimizer_state_for_load(s, f"optimizer_states[{i}]") for i, s in enumerate(states)]
+    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
+        """Load ``state`` after restoring its int parameter keys (see :func:`.state.optimizer_state_for_load`)."""
+        prepared = _state.optimizer_state_for_load(state, where)
         try:
-            super().load_optimizer_states(prepared)
+            optimizer.load_state_dict(prepared)
         except (ValueError, KeyError) as exc:
             raise DriverError(
                 f"load_optimizer_states: {exc}; build the optimizers over the same parameters, in the same "

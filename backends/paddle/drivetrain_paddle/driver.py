@@ -340,24 +340,11 @@ class PaddleSingleDriver(Driver):
         paddle.seed(seed)  # the CPU generator and every GPU's
 
     # ------------------------------------------------- training state (checkpoints)
-    def optimizer_states(self) -> list[Any]:
-        model = self.unwrap_model()
-        return [_state.optimizer_state(model, opt, f"optimizer_states()[{i}]") for i, opt in enumerate(self.optimizers)]
+    def _optimizer_state(self, optimizer: Any, where: str) -> Any:
+        return _state.optimizer_state(self.unwrap_model(), optimizer, where)
 
-    def load_optimizer_states(self, states: list[Any]) -> None:
-        """Load each state into the optimizer at the same position (see :func:`.state.load_optimizer_state`)."""
-        if not isinstance(states, (list, tuple)):
-            raise DriverError(
-                f"load_optimizer_states(states={type(states).__name__}) needs the list optimizer_states() returns."
-            )
-        if len(states) != len(self.optimizers):
-            raise DriverError(
-                f"the checkpoint holds {len(states)} optimizer state(s) but the trainer has {len(self.optimizers)} "
-                "optimizer(s); pass the same optimizers as the run that saved it."
-            )
-        model = self.unwrap_model()
-        for i, (optimizer, state) in enumerate(zip(self.optimizers, states, strict=True)):
-            _state.load_optimizer_state(model, optimizer, state, f"optimizer_states[{i}]")
+    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
+        _state.load_optimizer_state(self.unwrap_model(), optimizer, state, where)
 
     def gradient_state(self) -> dict[str, Any]:
         return _state.gradient_state(self.unwrap_model())
