@@ -204,7 +204,7 @@ def _libc() -> Any:
         return None
 
 
-def _die_with_parent(parent_pid: int) -> Any:
+def die_with_parent(parent_pid: int) -> Any:
     """A ``preexec_fn`` making the child receive SIGKILL when this process dies (Linux only)."""
     libc = _libc()  # loaded before the fork: nothing is loaded in the child
 
@@ -252,7 +252,7 @@ class Launcher:
         piped = self.output == "prefix"
         if piped:
             env["PYTHONUNBUFFERED"] = "1"
-        preexec = _die_with_parent(os.getpid()) if os.name == "posix" else None
+        preexec = die_with_parent(os.getpid()) if os.name == "posix" else None
         atexit.register(self._at_exit)
         for rank in range(1, self.world_size):
             proc = subprocess.Popen(
@@ -262,7 +262,7 @@ class Launcher:
             self.children[rank] = proc
             if piped:
                 for stream, fd in ((proc.stdout, 1), (proc.stderr, 2)):
-                    pump = threading.Thread(target=_pump, args=(stream, fd, f"[rank {rank}] ".encode()),
+                    pump = threading.Thread(target=pump_output, args=(stream, fd, f"[rank {rank}] ".encode()),
                                             name=f"drivetrain-rank{rank}-output", daemon=True)
                     pump.start()
                     self._pumps.append(pump)
@@ -400,7 +400,7 @@ class Launcher:
             os._exit(1)
 
 
-def _pump(stream: Any, fd: int, prefix: bytes) -> None:
+def pump_output(stream: Any, fd: int, prefix: bytes) -> None:
     """Copy a child's output line by line to this process's ``fd``, each line prefixed."""
     try:
         for line in iter(stream.readline, b""):

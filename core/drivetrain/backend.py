@@ -42,8 +42,10 @@ from ._spawn import (
     CheckedStore,
     FailureBoard,
     Launcher,
+    die_with_parent,
     exception_summary,
     exit_description,
+    pump_output,
     relaunch_command,
 )
 
@@ -54,6 +56,8 @@ __all__ = [
     "CheckedStore",
     "FailureBoard",
     "Launcher",
+    "die_with_parent",  # a preexec_fn: the child gets SIGKILL when the given parent dies (Linux)
+    "pump_output",  # copy a child's output to this process, each line prefixed
     "exception_summary",
     "exit_description",
     "relaunch_command",

@@ -20,7 +20,6 @@ Life and death:
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -29,15 +28,20 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from drivetrain.backend import SPAWN_PARENT_ENV, exit_description, relaunch_command
+from drivetrain.backend import (
+    SPAWN_PARENT_ENV,
+    die_with_parent,
+    exit_description,
+    pump_output,
+    relaunch_command,
+)
 
 from ._dist_plan import DistPlan
 
 START_YOURSELF = "python -m oneflow.distributed.launch --nproc_per_node N train.py"
 
-_PR_SET_PDEATHSIG = 1
 _POLL = 0.1
 
 
@@ -48,18 +52,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent(parent_pid: int) -> Any:
-    libc = _libc()  # loaded before the fork: nothing is loaded in the child
-
-    def preexec() -> None:
-        if libc is not None:
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
 def die_with_launcher() -> None:
     """Make this worker get SIGKILL when its launcher exits (Linux), as the Trainer's own workers do.
 
@@ -67,22 +59,7 @@ def die_with_launcher() -> None:
     process group, which misses them when the launcher is not a group leader (started from
     a script or a CI job); a stuck worker would then outlive everything.
     """
-    libc = _libc()
-    if libc is None:
-        return
-    parent = os.getppid()
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != parent:  # the launcher died before prctl took effect
-        os._exit(1)
-
-
-def _libc() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
+    die_with_parent(os.getppid())()  # the preexec function, run in this process
 
 
 def worker_env(base: Mapping[str, str], world_size: int, rank: int, port: int, prefix: bool) -> dict[str, str]:
@@ -111,7 +88,7 @@ class Supervisor:
     def start(self) -> None:
         port = free_port()
         prefix = self.plan.spawn_output == "prefix"
-        preexec = _die_with_parent(os.getpid()) if os.name == "posix" else None
+        preexec = die_with_parent(os.getpid()) if os.name == "posix" else None
         for rank in range(self.plan.world_size):
             env = worker_env(os.environ, self.plan.world_size, rank, port, prefix)
             pipe = subprocess.PIPE if prefix else None
@@ -119,7 +96,7 @@ class Supervisor:
             self.children[rank] = proc
             if prefix:
                 for stream, fd in ((proc.stdout, 1), (proc.stderr, 2)):
-                    pump = threading.Thread(target=_pump, args=(stream, fd, f"[rank {rank}] ".encode()), daemon=True)
+                    pump = threading.Thread(target=pump_output, args=(stream, fd, f"[rank {rank}] ".encode()), daemon=True)
                     pump.start()
                     self._pumps.append(pump)
 
@@ -188,14 +165,3 @@ def _say(text: str) -> None:
     sys.stdout.flush()
     sys.stderr.write(f"drivetrain: {text}\n")
     sys.stderr.flush()
-
-
-def _pump(stream: Any, fd: int, prefix: bytes) -> None:
-    """Copy a worker's output line by line to this process's ``fd``, each line prefixed."""
-    try:
-        for line in iter(stream.readline, b""):
-            os.write(fd, prefix + line)
-    except OSError:
-        pass
-    finally:
-        stream.close()
