@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import ConfigurationError, DrivetrainError, EarlyStopException
-from ._events import EVENT_ARGS, Event, FilteredHandler, check_handler_signature
+from ._events import EVENT_ARGS, Event, FilteredHandler, check_handler_signature, unknown_event_message
 
 RANK_ZERO_ATTR = "__drivetrain_rank_zero_only__"
 
@@ -83,6 +83,7 @@ class CallbackManager:
                 f"callbacks contains {callback!r} of type {type(callback).__name__}; each item must be a "
                 "drivetrain.Callback instance (or use Trainer.add_callback_fn(Event.on_..., fn) for a function)."
             )
+        check_method_names(type(callback))
         names = {c.callback_name for c in self.callbacks}
         if callback.callback_name in names:
             raise ConfigurationError(
@@ -128,6 +129,17 @@ class CallbackManager:
         for c in self.callbacks:
             if c.callback_name in states:
                 c.on_load_checkpoint(trainer, states[c.callback_name])
+
+
+def check_method_names(cls: type) -> None:
+    """Refuse ``on_xxx`` methods that match no event: the Trainer would never call them, silently."""
+    for name in sorted(dir(cls)):
+        if name.startswith("on_") and name not in EVENT_ARGS and callable(getattr(cls, name, None)):
+            raise ConfigurationError(
+                f"callbacks: {cls.__name__}.{name} would never be called: {unknown_event_message(name)} "
+                "Rename it to the event it is meant for, or give a helper method a name that does not start "
+                "with 'on_'."
+            )
 
 
 def _callback_error(handler: Callable, name: str, exc: Exception) -> CallbackError:

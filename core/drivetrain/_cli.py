@@ -1,5 +1,6 @@
 """``drivetrain`` command line.
 
+``drivetrain --version`` prints the installed version.
 ``drivetrain backends`` lists the installed backends, their contract compatibility and the
 plugins that were refused; ``drivetrain backends --check NAME`` runs the conformance checks
 of ``drivetrain.testing`` on one installed backend and prints a pass/fail table per group.
@@ -12,7 +13,8 @@ import sys
 from typing import TextIO
 
 from ._driver import CONTRACT_VERSION
-from ._plugins import KNOWN_BACKENDS, contract_problem, get_registry, install_hint
+from ._plugins import KNOWN_BACKENDS, contract_problem, driver_not_found, get_registry, install_hint
+from ._version import __version__
 
 
 def _backends(out: TextIO) -> int:
@@ -57,7 +59,7 @@ def _check(name: str, out: TextIO) -> int:
     spec = get_registry().specs.get(name)
     try:
         if spec is None:
-            raise LookupError(f"backend {name!r} is not installed; installed: {', '.join(sorted(get_registry().specs))}")
+            raise driver_not_found(name)
         problem = contract_problem(spec)
         if problem:
             raise LookupError(problem)
@@ -87,6 +89,7 @@ def _check(name: str, out: TextIO) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="drivetrain", description="drivetrain utilities")
+    parser.add_argument("--version", action="version", version=f"drivetrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     backends = sub.add_parser("backends", help="list installed backends, their versions, capabilities and "
                               "refused plugins; --check NAME runs the conformance checks on one")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import ConfigurationError
+from ._suggest import did_you_mean
 
 # name -> parameters after ``trainer``, in the order they are passed. Listed in firing order.
 EVENT_ARGS: dict[str, tuple[str, ...]] = {
@@ -44,7 +45,24 @@ EVENT_ARGS: dict[str, tuple[str, ...]] = {
 }
 
 
-class Event:
+def unknown_event_message(name: str) -> str:
+    """``name`` is no event: the closest event names, then all of them."""
+    hint = did_you_mean(name, EVENT_ARGS, n=3) if isinstance(name, str) else ""
+    return f"{name!r} is not an event.{hint} Events: {', '.join(EVENT_ARGS)}."
+
+
+class _EventClass(type):
+    """Makes ``Event.on_trian_begin()`` a ConfigurationError that lists the events, not a bare AttributeError."""
+
+    def __getattr__(cls, name: str) -> Any:
+        # Only called when normal lookup fails. Private and dunder names keep the AttributeError that
+        # hasattr(), copy, pickle and introspection tools rely on.
+        if name.startswith("_"):
+            raise AttributeError(f"type object 'Event' has no attribute {name!r}")
+        raise ConfigurationError(f"Event.{name}: {unknown_event_message(name)}")
+
+
+class Event(metaclass=_EventClass):
     """An event name with an optional filter; build one with ``Event.on_<name>(...)``."""
 
     __slots__ = ("name", "every", "once", "filter_fn")
@@ -56,8 +74,8 @@ class Event:
         once: bool | None = None,
         filter_fn: Callable[[Any], bool] | None = None,
     ) -> None:
-        if name not in EVENT_ARGS:
-            raise ConfigurationError(f"event {name!r} does not exist; events: {', '.join(EVENT_ARGS)}.")
+        if not isinstance(name, str) or name not in EVENT_ARGS:
+            raise ConfigurationError(f"Event({name!r}): {unknown_event_message(name)}")
         given = [k for k, v in (("every", every), ("once", once), ("filter_fn", filter_fn)) if v]
         if len(given) > 1:
             raise ConfigurationError(f"Event.{name}() takes one of every/once/filter_fn, got {given}.")

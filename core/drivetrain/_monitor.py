@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._errors import ConfigurationError
+from ._suggest import did_you_mean
 
 
 def result_key_parts(key: str) -> list[str]:
@@ -14,13 +15,16 @@ def result_key_parts(key: str) -> list[str]:
 
 
 def find_monitor_value(results: Mapping[str, float], monitor: str | Callable[[Mapping[str, float]], float]) -> float:
-    """Return the value ``monitor`` names: an exact key, else the one key whose result or metric name matches."""
+    """Return the value ``monitor`` names: an exact key, else the one key whose result or metric name matches.
+
+    A name without its dataloader part (``"acc"``, ``"acc#acc"``) that matches results of
+    several evaluate dataloaders takes the first dataloader in the order they were given
+    (results keep that order): the rule docs/user-guide/evaluation-and-metrics.md states.
+    """
     if callable(monitor):
         return float(monitor(results))
     if monitor in results:
         return float(results[monitor])
-    # "acc" names a result, "acc#acc" a result of one metric; the dataloader part may be left out,
-    # and then the first evaluate dataloader (in the order given) is the one monitored.
     wanted = result_key_parts(monitor)
     by_result = [k for k in results if result_key_parts(k)[:len(wanted)] == wanted]
     by_metric = [k for k in results if len(wanted) == 1 and result_key_parts(k)[1:2] == wanted]
@@ -31,11 +35,14 @@ def find_monitor_value(results: Mapping[str, float], monitor: str | Callable[[Ma
             if len(same_loader) == 1:
                 return float(results[same_loader[0]])
             raise ConfigurationError(
-                f"monitor={monitor!r} is ambiguous: it matches {same_loader}; pass one of these keys."
+                f"monitor={monitor!r} is ambiguous: it matches {same_loader}. Pass one of these keys; a full key "
+                f"'result#metric#dataloader' such as {same_loader[0]!r} names the result, the metric and the "
+                "dataloader. Or pass a function(results) -> float."
             )
     raise ConfigurationError(
-        f"monitor={monitor!r} matches no evaluation result; results are {sorted(results)}. "
-        "Pass one of these keys, a result/metric name, or a function(results) -> float."
+        f"monitor={monitor!r} matches no evaluation result; results are {list(results)}."
+        f"{did_you_mean(monitor, results)} Pass one of these keys ('result#metric#dataloader'), a result or "
+        "metric name (with several dataloaders, the first one given is used), or a function(results) -> float."
     )
 
 

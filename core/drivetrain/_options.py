@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._driver import PRECISIONS, Driver
 from ._errors import ConfigurationError
 from ._plugins import create_driver
+from ._suggest import close_matches
 
 BACKEND_KWARGS_SUFFIX = "_kwargs"
 
@@ -52,6 +55,30 @@ def split_backend_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], set[st
         else:
             unknown.add(key)
     return backend, unknown
+
+
+def parameter_names(fn: Callable) -> list[str]:
+    """The names ``fn`` accepts as keywords (no ``self``, ``*args`` or ``**kwargs``): what a typo is compared with."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds and p.name != "self"]
+
+
+def unknown_arguments_error(owner: str, unknown: Iterable[str], accepted: Iterable[str],
+                            hint: str = "") -> ConfigurationError:
+    """The error for keyword arguments ``owner`` does not take, with the closest accepted name for each.
+
+    A misspelt option (``n_epoch=3``) would otherwise vanish into ``**kwargs``; naming the
+    argument that was probably meant turns the error into its fix. ``hint`` (a sentence)
+    says what else is accepted.
+    """
+    names = sorted(unknown)
+    choices = sorted(set(accepted))
+    notes = []
+    for name in names:
+        close = close_matches(name, choices)
+        notes.append(f"{name}: did you mean {close[0]}=?" if close else f"{name}: no accepted argument is close")
+    message = f"{owner} got unexpected argument(s) {names} ({'; '.join(notes)})."
+    return ConfigurationError(f"{message} {hint}" if hint else message)
 
 
 def build_driver(driver: Any, model: Any, device: Any, **options: Any) -> Driver:

@@ -8,7 +8,6 @@ its driver is actually chosen.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -25,6 +24,7 @@ import pluggy
 
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import DriverNotFoundError, PluginLoadError
+from ._suggest import did_you_mean
 from ._version import __version__
 
 PROJECT = "drivetrain"
@@ -343,6 +343,19 @@ def contract_problem(spec: DriverSpec) -> str | None:
             f'Upgrade drivetrain: pip install --upgrade drivetrain (or install an older {package}).')
 
 
+def driver_not_found(driver: str) -> DriverNotFoundError:
+    """The error for a driver name that is not installed: the pip command for a known backend,
+    else "unknown" with the closest installed or known name (shared by the Trainer and the CLI)."""
+    registry = get_registry()
+    installed = sorted(registry.specs)
+    listed = f"installed drivers: {', '.join(installed) or 'none'}."
+    broken = f" Plugins that failed to load: {', '.join(registry.broken)}." if registry.broken else ""
+    if driver in KNOWN_BACKENDS:
+        return DriverNotFoundError(f"driver={driver!r} is not installed; {listed} {_install_sentence(driver)}.{broken}")
+    hint = did_you_mean(driver, installed + [n for n in KNOWN_BACKENDS if n not in installed])
+    return DriverNotFoundError(f"driver={driver!r} is unknown; {listed}{hint}{broken}")
+
+
 def resolve_spec(driver: str, model: Any) -> DriverSpec:
     """Find the spec for ``driver`` (a name or ``"auto"``), with errors that say what to do."""
     registry = get_registry()
@@ -363,17 +376,7 @@ def resolve_spec(driver: str, model: Any) -> DriverSpec:
     elif driver in registry.specs:
         spec = registry.specs[driver]
     else:
-        broken = f" Plugins that failed to load: {', '.join(registry.broken)}." if registry.broken else ""
-        if driver in KNOWN_BACKENDS:
-            raise DriverNotFoundError(
-                f"driver={driver!r} is not installed; installed drivers: {', '.join(installed) or 'none'}. "
-                f"{_install_sentence(driver)}.{broken}"
-            )
-        close = difflib.get_close_matches(driver, installed + list(KNOWN_BACKENDS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise DriverNotFoundError(
-            f"driver={driver!r} is unknown; installed drivers: {', '.join(installed) or 'none'}.{hint}{broken}"
-        )
+        raise driver_not_found(driver)
     problem = contract_problem(spec)
     if problem:
         raise DriverNotFoundError(f"driver {spec.name!r}: {problem}")

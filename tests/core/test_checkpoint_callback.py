@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from drivetrain import (
     DrivetrainError,
     EarlyStopCallback,
     Event,
+    RawTextProgress,
     seed_everything,
 )
 
@@ -80,8 +82,8 @@ def test_every_n_batches_names_and_contents(tmp_path):
     trainer = make_trainer([CheckpointCallback(tmp_path, every_n_batches=5, save_last=False)])
     trainer.run()
     steps = range(5, 40, 5)
-    assert listing(tmp_path) == sorted(f"epoch_{s // 13}-batch_{s % 13}-step_{s}" for s in steps)
-    manifest = _manifest(tmp_path / "epoch_1-batch_2-step_15")
+    assert listing(tmp_path) == [f"step_{s:08d}-epoch_{s // 13}-batch_{s % 13}" for s in steps]  # sorted: step order
+    manifest = _manifest(tmp_path / "step_00000015-epoch_1-batch_2")
     assert manifest["kind"] == "trainer"
     assert (manifest["trainer"]["epoch"], manifest["trainer"]["batches_done"]) == (1, 2)
     assert manifest["trainer"]["global_forward_batches"] == 15
@@ -90,8 +92,8 @@ def test_every_n_batches_names_and_contents(tmp_path):
 def test_every_n_epochs_and_last(tmp_path):
     trainer = make_trainer([CheckpointCallback(tmp_path, every_n_epochs=2)], n_epochs=5)
     trainer.run()
-    assert listing(tmp_path) == ["epoch_2-batch_0-step_26", "epoch_4-batch_0-step_52", "last"]
-    manifest = _manifest(tmp_path / "epoch_2-batch_0-step_26")["trainer"]
+    assert listing(tmp_path) == ["last", "step_00000026-epoch_2-batch_0", "step_00000052-epoch_4-batch_0"]
+    manifest = _manifest(tmp_path / "step_00000026-epoch_2-batch_0")["trainer"]
     assert (manifest["epoch"], manifest["batches_done"], manifest["global_forward_batches"]) == (2, 0, 26)
     assert _manifest(tmp_path / "last")["trainer"]["global_forward_batches"] == 65
 
@@ -101,7 +103,7 @@ def test_a_batch_save_at_the_end_of_an_epoch_is_not_repeated_by_the_epoch_save(t
                            n_epochs=2)
     trainer.run()
     # Saved once the step is complete, i.e. after the end of the epoch: named by the position a resume sees.
-    assert listing(tmp_path) == ["epoch_1-batch_0-step_13", "epoch_2-batch_0-step_26"]
+    assert listing(tmp_path) == ["step_00000013-epoch_1-batch_0", "step_00000026-epoch_2-batch_0"]
 
 
 def test_last_is_written_on_a_normal_end_only(tmp_path):
@@ -130,8 +132,8 @@ def test_save_on_exception(tmp_path):
     with pytest.raises(CallbackError) as info:
         trainer.run()
     assert isinstance(info.value.__cause__, Stop)
-    assert listing(tmp_path) == ["exception-step_7"]
-    assert _manifest(tmp_path / "exception-step_7")["trainer"]["global_forward_batches"] == 7
+    assert listing(tmp_path) == ["exception-step_00000007"]
+    assert _manifest(tmp_path / "exception-step_00000007")["trainer"]["global_forward_batches"] == 7
 
 
 def test_early_stop_is_a_normal_end(tmp_path):
@@ -141,6 +143,81 @@ def test_early_stop_is_a_normal_end(tmp_path):
     trainer.run(num_eval_sanity_batch=0)
     assert trainer.global_forward_batches == 3
     assert listing(tmp_path) == ["last"]
+
+
+def test_folder_names_sort_in_step_order(tmp_path):
+    """Plain string order is step order across 1, 2 and 3 digit steps (9 < 18 < ... < 99 < 108)."""
+    make_trainer([CheckpointCallback(tmp_path, every_n_batches=9, save_last=False)], n_batches=108).run()
+    names = listing(tmp_path)  # sorted as strings
+    assert [_manifest(tmp_path / n)["trainer"]["global_forward_batches"] for n in names] == list(range(9, 109, 9))
+    assert names[0] == "step_00000009-epoch_0-batch_9" and names[-1] == "step_00000108-epoch_9-batch_0"
+
+
+def test_resume_picks_the_newest_step_whatever_the_names(tmp_path):
+    """Folders named the old way (epoch_{e}-batch_{b}-step_{s}) sit next to new ones: the manifests decide."""
+    make_trainer([CheckpointCallback(tmp_path, every_n_batches=1, save_last=False)], n_batches=10).run()
+    # As strings, the old name of the newest checkpoint sorts before every new name.
+    os.rename(tmp_path / "step_00000010-epoch_1-batch_0", tmp_path / "epoch_1-batch_0-step_10")
+    assert listing(tmp_path)[0] == "epoch_1-batch_0-step_10"
+    begins = []
+    resumed = make_trainer(n_epochs=1)
+    resumed.add_callback_fn(Event.on_train_begin(), lambda t: begins.append(t.global_forward_batches))
+    resumed.run(resume_from=tmp_path)
+    assert begins == [10]
+
+
+def test_old_periodic_names_in_a_checkpoint_state_stay_managed(tmp_path):
+    """A run resumed from a checkpoint of an earlier version keeps rotating the old-named folders."""
+    old = ["epoch_0-batch_9-step_9", "epoch_0-batch_10-step_10"]
+    for name in old:
+        (tmp_path / name).mkdir()
+    cb = CheckpointCallback(tmp_path, every_n_batches=1, save_total_limit=2)
+    cb.on_load_checkpoint(None, {"periodic": old, "topk": [], "last_periodic_step": 10})
+    assert cb.on_save_checkpoint(None)["periodic"] == old
+
+
+class InterruptingSave(Callback):
+    """Hit Ctrl-C while the CheckpointCallback collects the states of its ``save``-th save."""
+
+    def __init__(self, save: int) -> None:
+        self.save, self.saves = save, 0
+
+    def on_save_checkpoint(self, trainer):
+        self.saves += 1
+        if self.saves == self.save:
+            raise KeyboardInterrupt
+        return None
+
+
+def interrupt_at_18(trainer):
+    if trainer.global_forward_batches == 18:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("where", ["after a batch", "inside a save"])
+def test_keyboard_interrupt_keeps_the_last_checkpoint_and_says_what_stopped_training(where, tmp_path):
+    """Ctrl-C at batch 18 (epoch 2): run() returns, the summary says so, the checkpoint of step 15 resumes."""
+    log = io.StringIO()
+    callbacks = [CheckpointCallback(tmp_path, every_n_batches=3, save_total_limit=2),
+                 RawTextProgress(print_every=100, file=log)]
+    if where == "inside a save":
+        callbacks.append(InterruptingSave(save=6))  # the save of step 18, written before batch 19
+    trainer = make_trainer(callbacks)
+    if where == "after a batch":  # after the CheckpointCallback marked the save of step 18 as due
+        trainer.add_callback_fn(Event.on_train_batch_end(), interrupt_at_18)
+    trainer.run()  # catch_KeyboardInterrupt: True for a single process
+    summary = log.getvalue().splitlines()[-1]
+    assert summary.startswith("training stopped at step 18 (epoch 2) by KeyboardInterrupt; after "), summary
+    assert "finished" not in log.getvalue()
+    # No half checkpoint, no `last` (the state may be mid-step), the two newest complete ones intact.
+    assert listing(tmp_path) == ["step_00000012-epoch_0-batch_12", "step_00000015-epoch_1-batch_2"]
+    seed_everything(0)
+    begins = []
+    resumed = make_trainer([CheckpointCallback(tmp_path, every_n_batches=3, save_total_limit=2)])
+    resumed.add_callback_fn(Event.on_train_begin(), lambda t: begins.append(t.global_forward_batches))
+    resumed.run(resume_from=tmp_path)
+    assert begins == [15] and resumed.global_forward_batches == 39
+    assert listing(tmp_path) == ["last", "step_00000036-epoch_2-batch_10", "step_00000039-epoch_3-batch_0"]
 
 
 # ----------------------------------------------------------------- rotation
@@ -159,7 +236,7 @@ def test_rotation_keeps_the_newest(limit, tmp_path):
     assert len(kept_after_each_save) == 13
     for i, kept in enumerate(kept_after_each_save):
         newest = 3 * (i + 1)
-        steps = sorted(int(n.rsplit("_", 1)[1]) for n in kept)
+        steps = sorted(int(n.split("-")[0].removeprefix("step_")) for n in kept)
         assert steps == list(range(max(3, newest - 3 * (limit - 1)), newest + 1, 3))
     assert not any(n.startswith(".tmp-") for n in listing(tmp_path))
 
@@ -175,7 +252,7 @@ def test_rotation_and_resume_continue_the_same_list(tmp_path):
     stop_after(first, 17)
     with pytest.raises(CallbackError):
         first.run()
-    assert listing(tmp_path / "ckpt") == ["epoch_0-batch_12-step_12", "epoch_1-batch_2-step_15"]
+    assert listing(tmp_path / "ckpt") == ["step_00000012-epoch_0-batch_12", "step_00000015-epoch_1-batch_2"]
 
     seed_everything(99)
     seen = []
@@ -183,10 +260,10 @@ def test_rotation_and_resume_continue_the_same_list(tmp_path):
                            seed_model=4)
     resumed.add_callback_fn(Event.on_train_batch_end(), lambda t: seen.append(listing(tmp_path / "ckpt")))
     resumed.run(resume_from=tmp_path / "ckpt")
-    assert seen[0] == seen[2] == ["epoch_0-batch_12-step_12", "epoch_1-batch_2-step_15"]  # batches 16-18
-    assert seen[3] == ["epoch_1-batch_2-step_15", "epoch_1-batch_5-step_18"]  # the first new save rotated out 12
+    assert seen[0] == seen[2] == ["step_00000012-epoch_0-batch_12", "step_00000015-epoch_1-batch_2"]  # batches 16-18
+    assert seen[3] == ["step_00000015-epoch_1-batch_2", "step_00000018-epoch_1-batch_5"]  # the first new save rotated out 12
     assert listing(tmp_path / "ckpt") == listing(tmp_path / "ref") == [
-        "epoch_2-batch_10-step_36", "epoch_3-batch_0-step_39", "last"]
+        "last", "step_00000036-epoch_2-batch_10", "step_00000039-epoch_3-batch_0"]
     assert_same_params(resumed, reference)
 
 
@@ -204,7 +281,7 @@ def test_resume_from_the_folder_is_bit_exact(tmp_path):
     stop_after(first, 14)
     with pytest.raises(CallbackError):
         first.run()
-    half = tmp_path / ".tmp-epoch_1-batch_3-step_16-1-abcd"
+    half = tmp_path / ".tmp-step_00000016-epoch_1-batch_3-1-abcd"
     half.mkdir()
     (half / "model.safetensors").write_bytes(b"half")
     seed_everything(7)
@@ -222,8 +299,8 @@ SCRIPT = {2: 0.5, 4: 0.9, 6: 0.1, 8: 0.7, 10: 0.95, 12: 0.3, 14: 0.9, 16: 0.2}
 
 
 @pytest.mark.parametrize("larger_better, expected", [
-    (True, ["topk-score_0.95-step_10", "topk-score_0.9-step_4"]),  # 0.9 at step 14 ties: the older stays
-    (False, ["topk-score_0.1-step_6", "topk-score_0.2-step_16"]),
+    (True, ["topk-score_0.95-step_00000010", "topk-score_0.9-step_00000004"]),  # 0.9 at step 14 ties: the older stays
+    (False, ["topk-score_0.1-step_00000006", "topk-score_0.2-step_00000016"]),
 ])
 @pytest.mark.parametrize("on_trainer", [False, True])
 def test_topk_keeps_exactly_the_k_best(larger_better, expected, on_trainer, tmp_path):
@@ -250,7 +327,7 @@ def test_topk_with_a_function_monitor_and_nan_values(tmp_path):
     cb = CheckpointCallback(tmp_path, topk=1, monitor=neg_score, larger_better=True, save_last=False)
     script = from_table({1: float("nan"), 2: -3.0, 3: -1.0, 4: float("nan")})
     make_trainer([cb], script=script, n_batches=4).run(num_eval_sanity_batch=0)
-    assert listing(tmp_path) == ["topk-neg_score_3-step_2"]
+    assert listing(tmp_path) == ["topk-neg_score_3-step_00000002"]
 
 
 def test_topk_and_rotation_continue_after_resume(tmp_path):
@@ -271,11 +348,11 @@ def test_topk_and_rotation_continue_after_resume(tmp_path):
     with pytest.raises(CallbackError):
         first.run(num_eval_sanity_batch=0)
     assert listing(tmp_path / "ckpt") == [
-        "epoch_1-batch_1-step_14", "topk-score_4-step_6", "topk-score_5-step_10", "topk-score_9-step_12"]
+        "step_00000014-epoch_1-batch_1", "topk-score_4-step_00000006", "topk-score_5-step_00000010", "topk-score_9-step_00000012"]
     resumed = make_trainer([callback(tmp_path / "ckpt")], script=script, evaluate_every=2, seed_model=2)
     resumed.run(resume_from=tmp_path / "ckpt", num_eval_sanity_batch=0)
     assert listing(tmp_path / "ckpt") == listing(tmp_path / "ref") == [
-        "epoch_2-batch_9-step_35", "topk-score_9-step_12", "topk-score_9-step_26", "topk-score_9-step_30"]
+        "step_00000035-epoch_2-batch_9", "topk-score_9-step_00000012", "topk-score_9-step_00000026", "topk-score_9-step_00000030"]
     assert_same_params(resumed, reference)
 
 
@@ -283,13 +360,13 @@ def test_topk_and_rotation_continue_after_resume(tmp_path):
 def test_save_object_model_writes_loadable_weights(tmp_path):
     trainer = make_trainer([CheckpointCallback(tmp_path, every_n_epochs=1, save_total_limit=1, save_object="model")])
     trainer.run()
-    assert listing(tmp_path) == ["epoch_3-batch_0-step_39", "last"]
+    assert listing(tmp_path) == ["last", "step_00000039-epoch_3-batch_0"]
     assert sorted(os.listdir(tmp_path / "last")) == ["manifest.json", "model.safetensors"]
     fresh = make_trainer(seed_model=8)
     assert not np.array_equal(fresh.model.params["weight"], trainer.model.params["weight"])
     fresh.load_model(tmp_path / "last")
     assert_same_params(fresh, trainer)
-    fresh.load_model(tmp_path / "epoch_3-batch_0-step_39")
+    fresh.load_model(tmp_path / "step_00000039-epoch_3-batch_0")
     assert_same_params(fresh, trainer)
 
 
@@ -304,9 +381,9 @@ def test_topk_of_model_files(tmp_path):
     trainer = make_trainer([cb], script=from_table({3: 1, 5: 9, 7: 2}), n_batches=8)
     trainer.add_callback_fn(Event.on_evaluate_end(), remember)
     trainer.run(num_eval_sanity_batch=0)
-    assert listing(tmp_path / "best") == ["topk-score_9-step_5"]
+    assert listing(tmp_path / "best") == ["topk-score_9-step_00000005"]
     fresh = make_trainer()
-    fresh.load_model(tmp_path / "best" / "topk-score_9-step_5")
+    fresh.load_model(tmp_path / "best" / "topk-score_9-step_00000005")
     for name, value in kept.items():
         np.testing.assert_array_equal(fresh.model.params[name], value)
 
@@ -318,20 +395,20 @@ def test_two_checkpoint_callbacks_keep_separate_states(tmp_path):
     assert periodic.callback_name != best.callback_name
     trainer = make_trainer([periodic, best], script=lambda s: -abs(s - 6), n_batches=12)
     trainer.run(num_eval_sanity_batch=0)
-    assert listing(tmp_path / "best") == ["topk-score_0-step_6"]
+    assert listing(tmp_path / "best") == ["topk-score_0-step_00000006"]
     state = json.loads((tmp_path / "ckpt" / "last" / "training_state.json").read_text())["callbacks"]
-    assert state["CheckpointCallback:best"]["topk"] == [["topk-score_0-step_6", 0.0]]
-    assert state["CheckpointCallback:ckpt"]["periodic"] == ["epoch_0-batch_10-step_10"]
+    assert state["CheckpointCallback:best"]["topk"] == [["topk-score_0-step_00000006", 0.0]]
+    assert state["CheckpointCallback:ckpt"]["periodic"] == ["step_00000010-epoch_0-batch_10"]
 
 
 def test_loaded_state_never_points_outside_the_folder(tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "victim").mkdir()
-    (tmp_path / "ckpt" / "epoch_0-batch_1-step_1").mkdir()
+    (tmp_path / "ckpt" / "step_00000001-epoch_0-batch_1").mkdir()
     cb = CheckpointCallback(tmp_path / "ckpt", every_n_batches=1, save_total_limit=1)
-    cb.on_load_checkpoint(None, {"periodic": ["../victim", "/abs/path", "epoch_0-batch_1-step_1", "epoch_0-batch_2-step_2"],
+    cb.on_load_checkpoint(None, {"periodic": ["../victim", "/abs/path", "step_00000001-epoch_0-batch_1", "step_00000002-epoch_0-batch_2"],
                                  "topk": [["../victim", 1.0]], "last_periodic_step": 1})
-    assert cb.on_save_checkpoint(None)["periodic"] == ["epoch_0-batch_1-step_1"]
+    assert cb.on_save_checkpoint(None)["periodic"] == ["step_00000001-epoch_0-batch_1"]
     assert cb.on_save_checkpoint(None)["topk"] == []
 
 
@@ -364,7 +441,7 @@ def test_a_save_waits_for_the_evaluation_and_later_callbacks_of_its_step(tmp_pat
     stop_after(first, 10)
     with pytest.raises(CallbackError):
         first.run(num_eval_sanity_batch=0)
-    state = json.loads((tmp_path / "epoch_0-batch_9-step_9" / "training_state.json").read_text())
+    state = json.loads((tmp_path / "step_00000009-epoch_0-batch_9" / "training_state.json").read_text())
     assert state["callbacks"]["Tally"] == {"batches": 9, "evaluations": 3}
     resumed = build(tmp_path)
     resumed.run(resume_from=tmp_path, num_eval_sanity_batch=0)
@@ -375,7 +452,7 @@ def test_evaluate_outside_run_saves_a_topk_checkpoint_at_once(tmp_path):
     trainer = make_trainer([CheckpointCallback(tmp_path, topk=1, monitor="score", save_last=False)],
                            script=lambda s: 0.5)
     trainer.evaluate()
-    assert listing(tmp_path) == ["topk-score_0.5-step_0"]
+    assert listing(tmp_path) == ["topk-score_0.5-step_00000000"]
 
 
 def test_in_distributed_runs_rank_zeros_view_of_the_folder_decides(tmp_path):
@@ -384,15 +461,15 @@ def test_in_distributed_runs_rank_zeros_view_of_the_folder_decides(tmp_path):
             return True
 
         def broadcast_object(self, obj, src=0):
-            return [], [("topk-score_1-step_4", 1.0)]  # what rank 0 found
+            return [], [("topk-score_1-step_00000004", 1.0)]  # what rank 0 found
 
-    (tmp_path / "epoch_0-batch_2-step_2").mkdir()
+    (tmp_path / "step_00000002-epoch_0-batch_2").mkdir()
     cb = CheckpointCallback(tmp_path, every_n_batches=2, topk=1, monitor="score")
     cb._monitor = "score"
     cb.on_load_checkpoint(SimpleNamespace(driver=FakeDistributedDriver()),
-                          {"periodic": ["epoch_0-batch_2-step_2"], "topk": [], "monitor": "score"})
+                          {"periodic": ["step_00000002-epoch_0-batch_2"], "topk": [], "monitor": "score"})
     state = cb.on_save_checkpoint(None)
-    assert state["periodic"] == [] and state["topk"] == [["topk-score_1-step_4", 1.0]]
+    assert state["periodic"] == [] and state["topk"] == [["topk-score_1-step_00000004", 1.0]]
 
 
 def test_a_resume_that_monitors_something_else_starts_a_new_topk_list(tmp_path):
@@ -405,4 +482,4 @@ def test_a_resume_that_monitors_something_else_starts_a_new_topk_list(tmp_path):
     resumed = make_trainer([CheckpointCallback(tmp_path, topk=1, monitor=other)], script=lambda s: s, n_batches=16)
     with pytest.warns(RuntimeWarning, match=r"ranked by 'score', this run monitors 'other'; starting a new top-k"):
         resumed.run(resume_from=tmp_path / "last", num_eval_sanity_batch=0)
-    assert listing(tmp_path) == ["last", "topk-other_-4-step_4", "topk-score_3-step_3"]
+    assert listing(tmp_path) == ["last", "topk-other_-4-step_00000004", "topk-score_3-step_00000003"]

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from drivetrain._callbacks import Callback, CallbackManager
-from drivetrain._errors import ConfigurationError
+from drivetrain._errors import ConfigurationError, EarlyStopException
 from drivetrain._progress import (
     ProgressCallback,
     RawTextProgress,
@@ -21,7 +21,7 @@ from drivetrain._progress import (
     TqdmProgress,
     choose_progress,
 )
-from drivetrain._progress.base import format_results, format_value
+from drivetrain._progress.base import format_results, format_seconds, format_value
 
 
 class CountingDriver:
@@ -59,8 +59,12 @@ def batch_bounded_trainer() -> SimpleNamespace:
     return trainer
 
 
-def run_fake_training(callback, trainer, *, evaluate_every=None, results=None, fail_at=None):
-    """Fire the events in the Trainer's order; losses are 0-d arrays (framework-tensor stand-ins)."""
+def run_fake_training(callback, trainer, *, evaluate_every=None, results=None, fail_at=None, error=None):
+    """Fire the events in the Trainer's order; losses are 0-d arrays (framework-tensor stand-ins).
+
+    At batch ``fail_at`` ``error`` (default ``RuntimeError("boom")``) is raised; like the Trainer,
+    on_exception then on_train_end fire.
+    """
     manager = CallbackManager()
     manager.add_callback(callback)
     fire = manager.fire
@@ -73,7 +77,7 @@ def run_fake_training(callback, trainer, *, evaluate_every=None, results=None, f
                 if reached_n_batches(trainer):
                     break
                 if trainer.global_forward_batches == fail_at:
-                    raise RuntimeError("boom")
+                    raise RuntimeError("boom") if error is None else error
                 fire("on_train_batch_begin", trainer, {"x": 1}, None)
                 loss = np.array(1.0 / (trainer.global_forward_batches + 1))
                 fire("on_before_backward", trainer, {"loss": loss, "pred": np.zeros(3)})
@@ -86,7 +90,7 @@ def run_fake_training(callback, trainer, *, evaluate_every=None, results=None, f
                     fire("on_evaluate_end", trainer, results)
             trainer.cur_epoch_idx += 1
             fire("on_train_epoch_end", trainer)
-    except RuntimeError as exc:
+    except BaseException as exc:
         fire("on_exception", trainer, exc)
     finally:
         fire("on_train_end", trainer)
@@ -102,8 +106,7 @@ def test_raw_prints_every_n_batches_and_at_epoch_end(capsys):
     assert [re.search(r"batch (\d+)/7", line).group(1) for line in batch_lines] == ["3", "6", "7"] * 2
     assert batch_lines[0] == "epoch 1/2  batch 3/7  step 3/14  loss 0.3333"
     assert batch_lines[-1] == "epoch 2/2  batch 7/7  step 14/14  loss 0.07143"
-    assert lines[-1].startswith("training finished: 14 steps in 0:0")
-    assert lines[-1].endswith("last loss 0.07143")
+    assert re.fullmatch(r"training finished: 14 steps in \d+\.\d s; last loss 0\.07143", lines[-1]), lines[-1]
 
 
 def test_loss_is_converted_only_when_the_display_refreshes(capsys):
@@ -172,10 +175,73 @@ def test_raw_shows_evaluation_results(capsys):
     assert lines[-1].endswith("last evaluation acc#acc#dev=0.9312, f#fpr#dev=0.5, n#count#dev=12")
 
 
-def test_raw_exception_still_ends_with_a_summary(capsys):
+def test_raw_exception_ends_with_what_stopped_training(capsys):
     trainer = make_trainer(n_epochs=2, per_epoch=5)
-    run_fake_training(RawTextProgress(print_every=2), trainer, fail_at=3)
-    assert capsys.readouterr().out.splitlines()[-1].startswith("training finished: 3 steps")
+    run_fake_training(RawTextProgress(print_every=2), trainer, fail_at=7)
+    out = capsys.readouterr().out
+    assert re.fullmatch(r"training stopped at step 7 \(epoch 2\) by RuntimeError: boom; after \d+\.\d s; "
+                        r"last loss 0\.1429", out.splitlines()[-1]), out
+    assert "finished" not in out
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    (KeyboardInterrupt(), "training stopped at step 3 (epoch 1) by KeyboardInterrupt; after "),
+    (EarlyStopException("no improvement in 3 evaluations"),
+     "training stopped early at step 3 (epoch 1): no improvement in 3 evaluations; after "),
+    (ValueError("first line\nsecond line"), "training stopped at step 3 (epoch 1) by ValueError: first line ...; after "),
+])
+@pytest.mark.parametrize("cls", [RawTextProgress, RichProgress, TqdmProgress])
+def test_every_display_says_what_stopped_training(cls, error, expected):
+    stream = io.StringIO()
+    if cls is RichProgress:
+        progress = cls(console=Console(file=stream, width=300, color_system=None))
+    else:
+        progress = cls(file=stream)
+    run_fake_training(progress, make_trainer(n_epochs=2, per_epoch=5), fail_at=3, error=error)
+    summary = stream.getvalue().splitlines()[-1]
+    assert summary.startswith(expected), summary
+    assert "finished" not in stream.getvalue()
+
+
+def test_a_failure_between_epochs_names_the_epoch_just_completed(capsys):
+    trainer = make_trainer(n_epochs=3, per_epoch=4)
+    progress = RawTextProgress(print_every=100)
+    manager = CallbackManager()
+    manager.add_callback(progress)
+    manager.fire("on_train_begin", trainer)
+    for _ in range(2):  # two complete epochs; the Trainer counts cur_epoch_idx up before on_train_epoch_end
+        manager.fire("on_train_epoch_begin", trainer)
+        trainer.batch_idx_in_epoch, trainer.global_forward_batches = 4, trainer.global_forward_batches + 4
+        trainer.cur_epoch_idx += 1
+        manager.fire("on_train_epoch_end", trainer)
+    manager.fire("on_exception", trainer, RuntimeError("evaluation failed"))
+    manager.fire("on_train_end", trainer)
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert summary.startswith("training stopped at step 8 (epoch 2) by RuntimeError: evaluation failed"), summary
+
+
+def test_a_failure_before_training_began_has_no_duration(capsys):
+    progress = RawTextProgress()
+    manager = CallbackManager()
+    manager.add_callback(progress)
+    manager.fire("on_exception", make_trainer(), RuntimeError("sanity check failed"))
+    manager.fire("on_train_end", make_trainer())
+    assert capsys.readouterr().out == "training stopped at step 0 (epoch 1) by RuntimeError: sanity check failed\n"
+
+
+def test_the_next_run_of_a_reused_display_finishes_honestly(capsys):
+    progress = RawTextProgress(print_every=100)
+    run_fake_training(progress, make_trainer(n_epochs=1, per_epoch=3), fail_at=1)
+    run_fake_training(progress, make_trainer(n_epochs=1, per_epoch=3))
+    assert capsys.readouterr().out.splitlines()[-1].startswith("training finished: 3 steps in ")
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [
+    (0.0, "0.0 s"), (0.04, "0.0 s"), (3.25, "3.2 s"), (12.44, "12.4 s"), (59.94, "59.9 s"),
+    (59.96, "1:00"), (75.4, "1:15"), (3599.6, "1:00:00"), (3725, "1:02:05"), (90061, "25:01:01"),
+])
+def test_durations(seconds, shown):
+    assert format_seconds(seconds) == shown
 
 
 # ----------------------------------------------------------------------- rich
@@ -194,7 +260,8 @@ def test_rich_bars_loss_and_results():
     assert "2/2" in out and "6/6" in out
     assert "loss 0.08333" in out  # last batch (12) loss 1/12
     assert "evaluation at step 6: acc#acc#dev=0.8765" in out
-    assert "training finished: 12 steps" in out
+    assert re.search(r"training finished: 12 steps in \d+\.\d s; last loss 0\.08333; last evaluation "
+                     r"acc#acc#dev=0\.8765", out)
     assert trainer.driver.calls == 6  # every 2nd batch of two 6-batch epochs
     assert progress._progress is None
 
@@ -211,7 +278,7 @@ def test_rich_stops_the_live_display_on_exception():
     assert again._progress.live.is_started
     again.on_exception(trainer, RuntimeError("x"))
     assert again._progress is None
-    assert "training finished: 3 steps" in buffer.getvalue()
+    assert "training stopped at step 3 (epoch 1) by RuntimeError: boom; after " in buffer.getvalue()
 
 
 def test_rich_and_tqdm_batch_bounded_training():
@@ -232,6 +299,17 @@ def test_rich_leave_false_is_transient():
     progress.on_train_begin(trainer)
     assert progress._progress.live.transient
     progress.on_train_end(trainer)
+
+
+def test_rich_display_draws_a_task_added_without_info():
+    """An evaluation adds its own task (no loss/results text) to the trainer's live display."""
+    console, buffer = rich_console()
+    progress = RichProgress(console=console)
+    trainer = make_trainer(n_epochs=1, per_epoch=2)
+    progress.on_train_begin(trainer)
+    progress._progress.add_task("evaluate dev", total=3)
+    progress.on_train_end(trainer)
+    assert "evaluate dev" in buffer.getvalue()
 
 
 def test_rich_results_before_training_print_plainly():
@@ -259,7 +337,8 @@ def test_tqdm_file_gets_bars_and_messages_and_closes_on_exception():
     progress = TqdmProgress(file=stream)
     run_fake_training(progress, trainer, fail_at=2)
     assert progress._bar is None
-    assert "2/4" in stream.getvalue() and "training finished: 2 steps" in stream.getvalue()
+    assert "2/4" in stream.getvalue()
+    assert "training stopped at step 2 (epoch 1) by RuntimeError: boom; after " in stream.getvalue()
 
 
 def test_tqdm_missing_gives_install_hint(monkeypatch):

@@ -28,7 +28,10 @@ from ._args import (
 
 SAVE_OBJECTS = ("trainer", "model")
 LAST = "last"
-_PERIODIC = re.compile(r"epoch_\d+-batch_\d+-step_\d+")
+STEP_DIGITS = 8
+# Older names (epoch_{e}-batch_{b}-step_{s}, unpadded) are still recognised, so a run resumed from
+# a folder written by an earlier version keeps rotating its periodic checkpoints.
+_PERIODIC = re.compile(r"step_\d+-epoch_\d+-batch_\d+|epoch_\d+-batch_\d+-step_\d+")
 _TOPK = re.compile(r"topk-[A-Za-z0-9._+-]+-step_\d+")
 _OWNER = "CheckpointCallback"
 
@@ -36,15 +39,16 @@ _OWNER = "CheckpointCallback"
 class CheckpointCallback(Callback):
     """Save checkpoints into sub-folders of ``folder`` while training.
 
-    - ``every_n_batches`` / ``every_n_epochs``: periodic ``epoch_{e}-batch_{b}-step_{s}``
-      (``e`` epochs and ``b`` batches of the next one done, ``s`` batches in all); at
-      most ``save_total_limit`` of them are kept, the oldest deleted first;
+    - ``every_n_batches`` / ``every_n_epochs``: periodic ``step_{s}-epoch_{e}-batch_{b}``
+      (``s`` batches in all, zero-padded to 8 digits so that names sort in step order;
+      ``e`` epochs and ``b`` batches of the next one done); at most ``save_total_limit``
+      of them are kept, the oldest deleted first;
     - ``save_last``: ``last``, when training ends normally (finished or early-stopped);
-    - ``save_on_exception``: ``exception-step_{s}`` when training raises (best effort:
+    - ``save_on_exception``: ``exception-step_{s}`` (padded likewise) when training raises (best effort:
       the state may be mid-batch, so it is for salvage rather than exact resume; in
       distributed training it waits for every rank, so only when all of them fail);
     - ``topk``: the ``topk`` best evaluations by ``monitor``, as
-      ``topk-{monitor}_{value}-step_{s}``; ``monitor``/``larger_better`` default to the Trainer's.
+      ``topk-{monitor}_{value}-step_{s}`` (padded); ``monitor``/``larger_better`` default to the Trainer's.
 
     ``save_object="trainer"`` writes full checkpoints (resumable, see
     ``Trainer.save_checkpoint``); ``"model"`` writes only ``model.safetensors``
@@ -185,7 +189,7 @@ class CheckpointCallback(Callback):
         self._failed = True
         if not self.save_on_exception:
             return
-        name = f"exception-step_{trainer.global_forward_batches}"
+        name = f"exception-{step_label(trainer.global_forward_batches)}"
         try:
             self._save(trainer, name)
         except Exception as exc:  # the training error matters more than this one
@@ -247,7 +251,7 @@ class CheckpointCallback(Callback):
         step = trainer.global_forward_batches
         if step == self._last_periodic_step:
             return  # this state is saved already (a resume that re-runs the end of an epoch)
-        name = f"epoch_{epoch}-batch_{batches}-step_{step}"
+        name = f"{step_label(step)}-epoch_{epoch}-batch_{batches}"
         previous = list(self._periodic), self._last_periodic_step
         self._periodic = [n for n in self._periodic if n != name] + [name]
         self._last_periodic_step = step
@@ -269,7 +273,7 @@ class CheckpointCallback(Callback):
         return len(self._best) < self.topk or is_better(value, self._best[self.topk - 1][1], self._larger_better)
 
     def _save_best(self, trainer: Any, value: float) -> None:
-        name = f"topk-{monitor_label(self._monitor)}_{value:.6g}-step_{trainer.global_forward_batches}"
+        name = f"topk-{monitor_label(self._monitor)}_{value:.6g}-{step_label(trainer.global_forward_batches)}"
         previous = list(self._best)
         # Listed before saving, so the state inside the new checkpoint includes it.
         self._best = self._sorted([e for e in self._best if e[0] != name] + [(name, value)])
@@ -312,6 +316,11 @@ class CheckpointCallback(Callback):
         """Only names this callback makes, directly in ``folder``: a checkpoint's state never points elsewhere."""
         return (isinstance(name, str) and pattern.fullmatch(name) is not None
                 and os.path.isdir(os.path.join(self.folder, name)))
+
+
+def step_label(step: int) -> str:
+    """``step_00000012``: zero-padded, so folder names sort in step order as plain strings (up to 10**8 - 1)."""
+    return f"step_{step:0{STEP_DIGITS}d}"
 
 
 def _check_folder(folder: Any) -> None:

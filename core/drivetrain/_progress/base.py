@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._callbacks import Callback
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, EarlyStopException
 from .._param_matching import loss_of
 
 
@@ -23,7 +23,9 @@ class ProgressCallback(Callback):
     """Base class of the progress displays; runs on the global-zero process only.
 
     Subclasses implement :meth:`refresh` (draw epoch, batch and loss) and may
-    override the evaluation and lifecycle hooks.
+    override the evaluation and lifecycle hooks; overrides of ``on_train_begin``,
+    ``on_train_epoch_begin``/``_end`` and ``on_exception`` call ``super()``, which keeps
+    what :meth:`summary` reports (time, epoch, what stopped training).
     """
 
     rank_zero_only = True
@@ -40,6 +42,8 @@ class ProgressCallback(Callback):
         self.last_loss: float | None = None
         self.last_results: dict[str, Any] = {}
         self._start_time: float | None = None
+        self._stopped_by: BaseException | None = None  # what ended training, told by on_exception
+        self._in_epoch = False
 
     # ---------------------------------------------------------------- hot path
     def on_before_backward(self, trainer: Any, outputs: Any) -> None:
@@ -55,8 +59,13 @@ class ProgressCallback(Callback):
     def on_train_begin(self, trainer: Any) -> None:
         self._start_time = time.perf_counter()
         self._shown_batches = -1
+        self._stopped_by, self._in_epoch = None, False
+
+    def on_train_epoch_begin(self, trainer: Any) -> None:
+        self._in_epoch = True
 
     def on_train_epoch_end(self, trainer: Any) -> None:
+        self._in_epoch = False
         # The last batches of an epoch whose length is unknown have not been shown yet.
         if self._shown_batches != trainer.global_forward_batches:
             self._shown_batches = trainer.global_forward_batches
@@ -65,6 +74,10 @@ class ProgressCallback(Callback):
     def on_evaluate_end(self, trainer: Any, results: Any) -> None:
         self.last_results = dict(results) if isinstance(results, Mapping) else {"results": results}
         self.show_results(trainer, self.last_results)
+
+    def on_exception(self, trainer: Any, exception: BaseException) -> None:
+        # Fired before on_train_end: remembered so the summary says how training ended.
+        self._stopped_by = exception
 
     # ------------------------------------------------------------ subclasses
     def refresh(self, trainer: Any, finished_epoch: bool) -> None:
@@ -92,8 +105,23 @@ class ProgressCallback(Callback):
         return 0.0 if self._start_time is None else time.perf_counter() - self._start_time
 
     def summary(self, trainer: Any) -> str:
-        """The closing line: steps, time, last loss and last evaluation."""
-        parts = [f"training finished: {trainer.global_forward_batches} steps in {format_seconds(self.elapsed())}"]
+        """The closing line: how training ended (finished, stopped early, or stopped by an exception),
+        the time it took, the last loss and the last evaluation."""
+        steps, exc = trainer.global_forward_batches, self._stopped_by
+        took = format_seconds(self.elapsed()) if self._start_time is not None else None
+        if exc is None:
+            parts = [f"training finished: {steps} steps" + (f" in {took}" if took else "")]
+        else:
+            # The epoch the last step belongs to: the running one, or the one just completed.
+            epoch = trainer.cur_epoch_idx + 1 if self._in_epoch else max(trainer.cur_epoch_idx, 1)
+            where = f"at step {steps} (epoch {epoch})"
+            if isinstance(exc, EarlyStopException):
+                parts = [f"training stopped early {where}" + (f": {first_line(exc)}" if first_line(exc) else "")]
+            else:
+                parts = [f"training stopped {where} by {type(exc).__name__}"
+                         + (f": {first_line(exc)}" if first_line(exc) else "")]
+            if took:
+                parts.append(f"after {took}")
         loss = self.current_loss(trainer)
         if loss is not None:
             parts.append(f"last loss {format_value(loss)}")
@@ -139,6 +167,15 @@ def format_results(results: Mapping[str, Any]) -> str:
 
 
 def format_seconds(seconds: float) -> str:
+    """``12.4 s`` under a minute (a short run must not read ``0:00``), else ``m:ss`` or ``h:mm:ss``."""
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f} s"
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def first_line(exception: BaseException) -> str:
+    """The exception's message on one line (a summary line must stay one line); ``""`` when it has none."""
+    lines = str(exception).strip().splitlines()
+    return lines[0] + (" ..." if len(lines) > 1 else "") if lines else ""

@@ -11,7 +11,9 @@ from .base import ProgressCallback, epoch_number, format_results, format_value, 
 class RawTextProgress(ProgressCallback):
     """Print ``epoch 1/3  batch 50/200  step 50/600  loss 0.4312`` every ``print_every`` batches.
 
-    Also prints a line after each evaluation and a summary when training ends.
+    Also prints a line after each evaluation and a summary when training ends: how it
+    ended (finished, stopped early, or stopped by an exception), how long it took, the
+    last loss and the last evaluation.
     ``file`` defaults to the current ``sys.stdout`` (looked up at print time, so
     redirection and pytest's capture work).
     """

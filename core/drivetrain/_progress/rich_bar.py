@@ -9,6 +9,8 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
@@ -22,6 +24,13 @@ from .base import ProgressCallback, epoch_number, format_results, format_value, 
 _RESULTS_ON_BAR = 3
 
 
+class _InfoColumn(ProgressColumn):
+    """The loss or results text of a task; a task without one (an evaluation's, added to this display) shows none."""
+
+    def render(self, task: Task) -> Text:
+        return Text(str(task.fields.get("info", "")))
+
+
 class RichProgress(ProgressCallback):
     """Live epoch and batch bars with the latest loss and evaluation results.
 
@@ -31,7 +40,8 @@ class RichProgress(ProgressCallback):
         console: the ``rich.console.Console`` to draw on (default: rich's global console on stdout).
 
     The live display is stopped in ``on_train_end`` and ``on_exception``, so the
-    terminal is given back even when training fails.
+    terminal is given back even when training fails; the summary line then says what
+    stopped it.
     """
 
     def __init__(self, print_every: int = 1, leave: bool = True, console: Console | None = None) -> None:
@@ -53,7 +63,7 @@ class RichProgress(ProgressCallback):
             TimeElapsedColumn(),
             TextColumn("<"),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
+            _InfoColumn(table_column=Column(no_wrap=True, overflow="ellipsis")),
             console=self.console,
             transient=not self.leave,
         )
@@ -66,6 +76,7 @@ class RichProgress(ProgressCallback):
         self._progress.start()
 
     def on_train_epoch_begin(self, trainer: Any) -> None:
+        super().on_train_epoch_begin(trainer)
         if self._progress is not None:
             self._progress.reset(
                 self._batch_task,
@@ -84,6 +95,7 @@ class RichProgress(ProgressCallback):
         self._console().print(Text(self.summary(trainer)))
 
     def on_exception(self, trainer: Any, exception: BaseException) -> None:
+        super().on_exception(trainer, exception)
         self._stop()
 
     def _stop(self) -> None:

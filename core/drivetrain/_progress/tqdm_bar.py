@@ -38,6 +38,7 @@ class TqdmProgress(ProgressCallback):
         self._bar: Any = None
 
     def on_train_epoch_begin(self, trainer: Any) -> None:
+        super().on_train_epoch_begin(trainer)
         self._close()
         self._bar = self._tqdm(
             total=trainer.num_batches_per_epoch,
@@ -72,6 +73,7 @@ class TqdmProgress(ProgressCallback):
         self._tqdm.write(self.summary(trainer), file=self.file if self.file is not None else sys.stdout)
 
     def on_exception(self, trainer: Any, exception: BaseException) -> None:
+        super().on_exception(trainer, exception)
         self._close()
 
     def _close(self) -> None:
