@@ -201,6 +201,32 @@ class Driver(abc.ABC):
     def zero_grad(self) -> None:
         """Reset the gradients of every optimizer's parameters."""
 
+    def get_lrs(self) -> list[list[float]]:
+        """The learning rate of every param group: one list per optimizer (in order), one float per group.
+
+        The core's learning-rate schedules read the base rates with it. The default
+        raises: a backend written before this method existed still loads, and only a
+        schedule asks for it.
+        """
+        raise DriverError(
+            f"driver {self.name!r} ({type(self).__qualname__}) cannot read learning rates: its backend does not "
+            "implement Driver.get_lrs()/set_lrs(). Ask the backend's author to add them, or step the framework's "
+            "own scheduler with LRSchedulerCallback instead."
+        )
+
+    def set_lrs(self, lrs: list[list[float]]) -> None:
+        """Set the learning rate of every param group; ``lrs`` is shaped as :meth:`get_lrs` returns it.
+
+        Called by schedules before the first optimizer step and after every one, so keep it
+        cheap. Refuse a wrongly shaped ``lrs`` with a :class:`DriverError` (the helper
+        ``drivetrain.backend.check_lrs`` does it). The default raises, like :meth:`get_lrs`.
+        """
+        raise DriverError(
+            f"driver {self.name!r} ({type(self).__qualname__}) cannot set learning rates: its backend does not "
+            "implement Driver.get_lrs()/set_lrs(). Ask the backend's author to add them, or step the framework's "
+            "own scheduler with LRSchedulerCallback instead."
+        )
+
     # ----------------------------------------------------------------------- data
     @abc.abstractmethod
     def move_data_to_device(self, batch: Any) -> Any:

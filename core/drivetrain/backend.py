@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -89,6 +91,8 @@ __all__ = [
     "check_framework_kwargs",
     "find_reproducible_sampler",
     "move_nested",
+    # optimisation
+    "check_lrs",  # set_lrs' argument checked against the optimizers' param groups, with the message every backend gives
 ]
 
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), np.generic, np.ndarray)
@@ -225,3 +229,25 @@ def bool_option(options: Mapping[str, Any], key: str, default: bool, *, argument
     if not isinstance(value, bool):
         raise DriverError(f"{argument}[{key!r}]={value!r} must be True or False.")
     return value
+
+
+def check_lrs(lrs: Any, groups: list[int]) -> list[list[float]]:
+    """``Driver.set_lrs``' argument as floats, refused unless it fits ``groups`` (param groups per optimizer).
+
+    ``lrs`` must hold one list per optimizer, each with one finite number >= 0 per param
+    group, the shape ``Driver.get_lrs`` returns.
+    """
+    shape = f"one list per optimizer ({len(groups)} here), each with one rate per param group ({groups} here)"
+    if not isinstance(lrs, (list, tuple)) or len(lrs) != len(groups):
+        raise DriverError(f"set_lrs(lrs={lrs!r:.80}) needs {shape}, as get_lrs() returns.")
+    out: list[list[float]] = []
+    for i, (rates, count) in enumerate(zip(lrs, groups, strict=True)):
+        if not isinstance(rates, (list, tuple)) or len(rates) != count:
+            raise DriverError(f"set_lrs: lrs[{i}]={rates!r:.80} does not fit; lrs needs {shape}.")
+        row = []
+        for j, rate in enumerate(rates):
+            if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) or rate < 0:
+                raise DriverError(f"set_lrs: lrs[{i}][{j}]={rate!r} is not a learning rate; pass a finite number >= 0.")
+            row.append(float(rate))
+        out.append(row)
+    return out

@@ -241,7 +241,7 @@ def test_check_prints_a_table_and_names_the_broken_rule():
     finally:
         reset_registry()
     text = out.getvalue()
-    assert "optimisation  FAIL    3/4" in text, text
+    assert "optimisation  FAIL    4/5" in text, text
     assert "data          PASS    2/2" in text
     assert "FAILED backward_step_zero_grad: [optimisation] backward + step change the parameters; zero_grad " \
            "clears the gradients" in text

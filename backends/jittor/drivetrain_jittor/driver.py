@@ -30,7 +30,7 @@ import numpy as np
 
 from drivetrain._driver import Driver
 from drivetrain._errors import DriverError
-from drivetrain.backend import check_framework_kwargs, move_nested
+from drivetrain.backend import check_framework_kwargs, check_lrs, move_nested
 
 from . import _rng
 from . import state as _state
@@ -253,6 +253,17 @@ class JittorSingleDriver(Driver):
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:
             optimizer.zero_grad()
+
+    def get_lrs(self) -> list[list[float]]:
+        # jittor steps a group with its own "lr" when it has one, else with the optimizer's lr
+        return [[float(group.get("lr", optimizer.lr)) for group in optimizer.param_groups]
+                for optimizer in self.optimizers]
+
+    def set_lrs(self, lrs: list[list[float]]) -> None:
+        checked = check_lrs(lrs, [len(optimizer.param_groups) for optimizer in self.optimizers])
+        for optimizer, rates in zip(self.optimizers, checked, strict=True):
+            for group, lr in zip(optimizer.param_groups, rates, strict=True):
+                group["lr"] = lr  # what jittor's own LRScheduler writes; it wins over optimizer.lr
 
     # ----------------------------------------------------------------------- data
     def move_data_to_device(self, batch: Any) -> Any:

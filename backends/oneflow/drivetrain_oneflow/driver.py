@@ -26,7 +26,7 @@ import oneflow as flow  # noqa: E402
 
 from drivetrain._driver import Driver  # noqa: E402
 from drivetrain._errors import DriverError  # noqa: E402
-from drivetrain.backend import check_framework_kwargs, check_model_type  # noqa: E402
+from drivetrain.backend import check_framework_kwargs, check_lrs, check_model_type  # noqa: E402
 
 from . import _rng  # noqa: E402
 from . import state as _state  # noqa: E402
@@ -213,6 +213,15 @@ class OneflowSingleDriver(Driver):
         if self.grad_clip is not None and scaler.unscale(self._all_params()):
             self._clip_gradients()  # clip the true gradients, not the scaled ones
         scaler.step(self.optimizers, self._all_params)
+
+    def get_lrs(self) -> list[list[float]]:
+        return [[float(group["lr"]) for group in optimizer.param_groups] for optimizer in self.optimizers]
+
+    def set_lrs(self, lrs: list[list[float]]) -> None:
+        checked = check_lrs(lrs, [len(optimizer.param_groups) for optimizer in self.optimizers])
+        for optimizer, rates in zip(self.optimizers, checked, strict=True):
+            for group, lr in zip(optimizer.param_groups, rates, strict=True):
+                group["lr"] = lr  # a ParamGroup's options, read by every step (as oneflow's own schedulers write it)
 
     def zero_grad(self) -> None:
         # Gradients are zeroed in place (oneflow's default), never set to None: under DDP they

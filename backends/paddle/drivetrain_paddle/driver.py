@@ -21,7 +21,7 @@ import paddle
 
 from drivetrain._driver import Driver
 from drivetrain._errors import DriverError
-from drivetrain.backend import bool_option, check_framework_kwargs, check_model_type
+from drivetrain.backend import bool_option, check_framework_kwargs, check_lrs, check_model_type
 
 from . import _rng
 from . import state as _state
@@ -285,6 +285,17 @@ class PaddleSingleDriver(Driver):
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:
             optimizer.clear_grad(set_to_zero=self.set_to_zero)
+
+    def get_lrs(self) -> list[list[float]]:
+        return [_state.learning_rates(opt, f"optimizers[{i}]") for i, opt in enumerate(self.optimizers)]
+
+    def set_lrs(self, lrs: list[list[float]]) -> None:
+        groups = [len(_state.lr_multipliers(opt, f"optimizers[{i}]")) for i, opt in enumerate(self.optimizers)]
+        checked = check_lrs(lrs, groups)
+        rates = [_state.rate_for(opt, r, f"optimizers[{i}]")
+                 for i, (opt, r) in enumerate(zip(self.optimizers, checked, strict=True))]
+        for opt, rate in zip(self.optimizers, rates, strict=True):  # every optimizer checked before any is changed
+            opt.set_lr(rate)
 
     # ----------------------------------------------------------------------- data
     def move_data_to_device(self, batch: Any) -> Any:

@@ -200,6 +200,50 @@ def parameters_of(optimizer: paddle.optimizer.Optimizer) -> list[paddle.Tensor]:
     return list(getattr(optimizer, "_parameter_list", None) or [])
 
 
+def lr_multipliers(optimizer: paddle.optimizer.Optimizer, where: str) -> list[float]:
+    """Each param group's ``learning_rate``: paddle's fixed multiplier of the optimizer's one rate (1 without groups)."""
+    groups = getattr(optimizer, "_param_groups", None)
+    if not groups or not isinstance(groups[0], Mapping):
+        return [1.0]
+    multipliers = []
+    for g, group in enumerate(groups):
+        value = group.get("learning_rate", 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DriverError(
+                f"{where}: param group {g} has learning_rate={value!r:.60}, not a number; the paddle driver reads "
+                "a param group's learning_rate as a multiplier of the optimizer's rate."
+            )
+        multipliers.append(float(value))
+    return multipliers
+
+
+def learning_rates(optimizer: paddle.optimizer.Optimizer, where: str) -> list[float]:
+    """The rate each param group steps with: the optimizer's rate times the group's multiplier."""
+    rate = float(optimizer.get_lr())
+    return [rate * m for m in lr_multipliers(optimizer, where)]
+
+
+def rate_for(optimizer: paddle.optimizer.Optimizer, rates: list[float], where: str) -> float:
+    """The optimizer's one rate with which each group steps with ``rates`` (they must keep the groups' ratios)."""
+    scheduler = optimizer._learning_rate
+    if isinstance(scheduler, paddle.optimizer.lr.LRScheduler):
+        raise DriverError(
+            f"{where} takes its learning rate from a paddle {type(scheduler).__name__}, which set_lrs cannot override. "
+            "Build the optimizer with a float learning_rate (e.g. learning_rate=1e-3) to use a drivetrain schedule "
+            "such as WarmupSchedule, or keep the paddle scheduler and step it with LRSchedulerCallback(scheduler)."
+        )
+    multipliers = lr_multipliers(optimizer, where)
+    reference = next((j for j, m in enumerate(multipliers) if m != 0.0), None)
+    rate = optimizer.get_lr() if reference is None else rates[reference] / multipliers[reference]
+    if not all(math.isclose(r, rate * m, rel_tol=1e-9, abs_tol=1e-30) for r, m in zip(rates, multipliers, strict=True)):
+        raise DriverError(
+            f"set_lrs: {where} gets rates {rates}, but paddle keeps one learning rate per optimizer and each param "
+            f"group's learning_rate is a fixed multiplier of it ({multipliers}); pass rates in those ratios, or give "
+            "the groups separate optimizers."
+        )
+    return float(rate)
+
+
 def _owners(model: paddle.nn.Layer, optimizer: paddle.optimizer.Optimizer) -> dict[str, tuple[str, paddle.Tensor]]:
     """paddle name -> (structured name, tensor) for this model's parameters and the optimizer's master weights."""
     owners = {param.name: (name, param) for name, param in model.named_parameters()}

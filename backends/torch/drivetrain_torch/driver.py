@@ -17,7 +17,7 @@ import torch
 
 from drivetrain._driver import Driver
 from drivetrain._errors import DriverError
-from drivetrain.backend import bool_option, check_framework_kwargs, check_model_type
+from drivetrain.backend import bool_option, check_framework_kwargs, check_lrs, check_model_type
 
 from . import _rng
 from . import state as _state
@@ -241,6 +241,18 @@ class TorchSingleDriver(Driver):
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=self.set_to_none)
+
+    def get_lrs(self) -> list[list[float]]:
+        return [[float(group["lr"]) for group in optimizer.param_groups] for optimizer in self.optimizers]
+
+    def set_lrs(self, lrs: list[list[float]]) -> None:
+        checked = check_lrs(lrs, [len(optimizer.param_groups) for optimizer in self.optimizers])
+        for optimizer, rates in zip(self.optimizers, checked, strict=True):
+            for group, lr in zip(optimizer.param_groups, rates, strict=True):
+                if isinstance(group["lr"], torch.Tensor):  # a tensor rate (capturable / fused optimizers): in place
+                    group["lr"].fill_(lr)
+                else:
+                    group["lr"] = lr
 
     # ----------------------------------------------------------------------- data
     def move_data_to_device(self, batch: Any) -> Any:

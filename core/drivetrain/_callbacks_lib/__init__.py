@@ -3,5 +3,6 @@
 from .checkpoint import CheckpointCallback
 from .early_stop import EarlyStopCallback
 from .lr_scheduler import LRSchedulerCallback
+from .schedule import WarmupSchedule
 
-__all__ = ["CheckpointCallback", "EarlyStopCallback", "LRSchedulerCallback"]
+__all__ = ["CheckpointCallback", "EarlyStopCallback", "LRSchedulerCallback", "WarmupSchedule"]

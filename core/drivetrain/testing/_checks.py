@@ -225,6 +225,36 @@ def grad_clip_bounds_the_update(kit: BackendKit) -> None:
     expect(moved_free > moved_clip, f"unclipped step norm {moved_free} is not above the clipped {moved_clip}")
 
 
+@check("optimisation", "get_lrs reads the optimizer's rate; the rate set_lrs sets is read back and used by step")
+def learning_rates_are_read_set_and_used(kit: BackendKit) -> None:
+    batch = kit.batches()[0]
+    driver = build(kit, lr=0.1)
+    lrs = driver.get_lrs()
+    shaped = isinstance(lrs, list) and len(lrs) == 1 and isinstance(lrs[0], list) and len(lrs[0]) == 1
+    expect(shaped and isinstance(lrs[0][0], float), f"get_lrs() of one SGD optimizer returned {lrs!r}, not [[lr]]")
+    expect(abs(lrs[0][0] - 0.1) <= 1e-7, f"get_lrs() returned {lrs!r} for an optimizer built with lr=0.1")
+    driver.set_lrs([[0.0]])
+    expect(driver.get_lrs() == [[0.0]], f"get_lrs() after set_lrs([[0.0]]) returned {driver.get_lrs()!r}")
+    before = params(driver)
+    train_one(driver, driver.move_data_to_device(batch))
+    driver.step()
+    expect_same(params(driver), before, "an SGD step after set_lrs([[0.0]]) moved the parameters")
+
+    driver = build(kit, lr=0.1)
+    driver.set_lrs([[0.05]])
+    got = driver.get_lrs()
+    expect(abs(got[0][0] - 0.05) <= 1e-7, f"get_lrs() after set_lrs([[0.05]]) returned {got!r}")
+    train_one(driver, driver.move_data_to_device(batch))
+    driver.step()
+    built = build(kit, lr=0.05)
+    train_one(built, built.move_data_to_device(batch))
+    built.step()
+    expect_same(params(driver), params(built), "a step after set_lrs([[0.05]]) vs one with an lr=0.05 optimizer",
+                rtol=1e-6)
+    with expect_raises(DriverError, "lrs", "set_lrs([[0.1], [0.1]]) for one optimizer"):
+        driver.set_lrs([[0.1], [0.1]])
+
+
 @check("optimisation", "set_optimizers refuses a non-optimizer with a DriverError naming optimizers=")
 def set_optimizers_rejects_a_foreign_object(kit: BackendKit) -> None:
     driver = create_driver(kit.driver, kit.make_model(), "cpu")

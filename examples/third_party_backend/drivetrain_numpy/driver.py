@@ -9,7 +9,7 @@ import numpy as np
 import safetensors.numpy
 
 from drivetrain import Driver, DriverError, ReproducibleBatchSampler
-from drivetrain.backend import array_buffer
+from drivetrain.backend import array_buffer, check_lrs
 
 from .data import ArrayLoader
 from .model import LinearModel, NumpyLoss
@@ -58,6 +58,13 @@ class NumpyDriver(Driver):
     def zero_grad(self) -> None:
         for opt in self.optimizers:
             opt.zero_grad()
+
+    def get_lrs(self) -> list[list[float]]:
+        return [[float(opt.lr)] for opt in self.optimizers]  # SGD has one param group: the whole model
+
+    def set_lrs(self, lrs: list[list[float]]) -> None:
+        for opt, (lr,) in zip(self.optimizers, check_lrs(lrs, [1] * len(self.optimizers)), strict=True):
+            opt.lr = lr
 
     def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
         """An ArrayLoader gets a ReproducibleBatchSampler with the same batch size, shuffle and drop_last."""
