@@ -5,7 +5,7 @@ only when its driver is chosen (``Trainer(..., driver="torch")``).
 """
 
 from ._callbacks import Callback, CallbackError, rank_zero_only
-from ._callbacks_lib import CheckpointCallback, EarlyStopCallback, LRSchedulerCallback
+from ._callbacks_lib import CheckpointCallback, EarlyStopCallback, LRSchedulerCallback, WarmupSchedule
 from ._checkpoint import CheckpointError, StateEncodingError
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import (
@@ -22,6 +22,7 @@ from ._evaluator import Evaluator
 from ._events import Event
 from ._metrics import Accuracy, ClassifyFPreRecMetric, Metric, MetricInputError
 from ._plugins import DriverSpec, available_drivers, hookimpl, register_plugin
+from ._predict import load_predictions, predict
 from ._progress import RawTextProgress, RichProgress, TqdmProgress
 from ._sampler import ReproducibleBatchSampler
 from ._seed import seed_everything
@@ -59,9 +60,12 @@ __all__ = [
     "StateEncodingError",
     "TqdmProgress",
     "Trainer",
+    "WarmupSchedule",
     "__version__",
     "available_drivers",
     "hookimpl",
+    "load_predictions",
+    "predict",
     "rank_zero_only",
     "register_plugin",
     "seed_everything",

@@ -14,16 +14,19 @@ from typing import Any
 
 from ._driver import Driver
 from ._errors import BatchMismatchError, ConfigurationError
+from ._inference import ArgumentNames, ModelStep, batch_dict, call_with_rng_kept, iterate_batches
 from ._metrics import Metric
 from ._options import (
     build_driver,
     check_int,
     check_optional_callable,
+    parameter_names,
     resolve_precision,
     split_backend_kwargs,
+    unknown_arguments_error,
 )
-from ._param_matching import as_dict, make_mapping_fn
-from ._seed import capture_host_rng, restore_host_rng
+from ._outputs import METRIC_ALIASES, named_outputs, resolve_metric_inputs
+from ._progress.loop import LoopDisplay, choose_loop_display
 
 
 def _normalise_dataloaders(dataloaders: Any, argument: str) -> dict[str, Any]:
@@ -56,9 +59,15 @@ def normalise_metrics(metrics: Any) -> dict[str, Metric]:
 
 
 class _MetricFeeder:
-    """Calls ``metric.update`` with the (numpy) values its parameters name, taken from batch + outputs."""
+    """Calls ``metric.update`` with the (numpy) values its parameters name, taken from batch + outputs.
 
-    def __init__(self, metric: Metric, metric_name: str, driver: Driver) -> None:
+    A parameter missing by its own name is looked up under its aliases (``pred`` <- ``logits``,
+    ``target`` <- ``labels``, ...: :data:`drivetrain._outputs.METRIC_ALIASES`), so metrics read
+    the outputs and batches of ecosystem models unchanged.
+    """
+
+    def __init__(self, metric: Metric, metric_name: str, driver: Driver, names: ArgumentNames,
+                 model_parameters: tuple[str, ...] = ()) -> None:
         params = inspect.signature(metric.update).parameters.values()
         self.metric = metric
         self.metric_name = metric_name
@@ -66,30 +75,50 @@ class _MetricFeeder:
         self.required = [p.name for p in params
                          if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty]
         self.driver = driver
+        self.argument_names = names
+        self.model_parameters = model_parameters  # batch keys the model takes are not what a metric misses
 
-    def __call__(self, data: Mapping[str, Any]) -> None:
-        missing = [n for n in self.required if n not in data]
+    def __call__(self, data: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
+        sources = resolve_metric_inputs(data, self.names)
+        missing = [n for n in self.required if n not in sources]
         if missing:
-            raise BatchMismatchError(
-                f"metrics[{self.metric_name!r}].update() needs {missing} but the batch and model outputs have "
-                f"{sorted(data)}; return them from the evaluate function or rename with "
-                "evaluate_output_mapping / evaluate_input_mapping."
-            )
+            raise BatchMismatchError(self._missing_message(missing, data, outputs))
         to_numpy = self.driver.tensor_to_numpy
         is_tensor = self.driver.is_tensor
         kwargs = {}
-        for name in self.names:
-            if name in data:
-                value = data[name]
-                kwargs[name] = to_numpy(value) if is_tensor(value) else value
+        for name, key in sources.items():
+            value = data[key]
+            kwargs[name] = to_numpy(value) if is_tensor(value) else value
         self.metric.update(**kwargs)
+
+    def _missing_message(self, missing: list[str], data: Mapping[str, Any], outputs: Mapping[str, Any]) -> str:
+        looked = [f"{n!r} (or {', '.join(map(repr, METRIC_ALIASES[n]))})" if n in METRIC_ALIASES else repr(n)
+                  for n in missing]
+        name = missing[0]
+        batch_keys = [k for k in data if k not in outputs]
+        spare_keys = [k for k in batch_keys if k not in self.model_parameters]  # the model did not take these
+        unused_outputs = [k for k in outputs if k not in self.names and k != "loss"]
+        fixes = []
+        if unused_outputs:
+            fixes.append(f"{self.argument_names.output_mapping}={{{unused_outputs[0]!r}: {name!r}}} to rename an output")
+        if spare_keys:
+            fixes.append(f"{self.argument_names.input_mapping}={{{spare_keys[0]!r}: {name!r}}} to rename a batch key")
+        fixes.append(f"or return {name!r} from the evaluate function")
+        return (
+            f"metrics[{self.metric_name!r}].update() needs {', '.join(looked)} but the batch has {batch_keys} and the "
+            f"model's outputs have {list(outputs)}; pass {', '.join(fixes)}."
+        )
 
 
 class Evaluator:
     """Evaluate ``model`` on ``dataloaders`` with ``metrics``; :meth:`run` returns ``{"acc#acc#dev": 0.97}``.
 
     Result keys are ``result#metric#dataloader`` (the dataloader part is omitted
-    for a single unnamed dataloader).
+    for a single unnamed dataloader). ``input_mapping`` is applied to each batch
+    once: the evaluate function and the metrics both see the mapped batch;
+    ``output_mapping`` is applied to the function's outputs before the metrics see
+    them. ``progress_bar`` takes the Trainer's values (``"auto"``, ``"rich"``,
+    ``"tqdm"``, ``"raw"``, ``None``).
     """
 
     def __init__(
@@ -109,6 +138,7 @@ class Evaluator:
         precision: str | None = None,
         verbose: int = 1,
         use_dist_sampler: bool = True,
+        progress_bar: Any = "auto",
         **kwargs: Any,
     ) -> None:
         self.dataloaders = _normalise_dataloaders(dataloaders, "dataloaders")
@@ -117,15 +147,14 @@ class Evaluator:
         if evaluate_fn is not None and not isinstance(evaluate_fn, str):
             raise ConfigurationError(f"evaluate_fn={evaluate_fn!r} must be a method name (str) or None.")
         check_int(verbose, "verbose", minimum=0)
+        names = kwargs.pop("_argument_names", ArgumentNames())
         backend_kwargs, unknown = split_backend_kwargs(kwargs)
         if unknown:
-            raise ConfigurationError(
-                f"Evaluator got unexpected argument(s) {sorted(unknown)}; framework options go in '<driver>_kwargs' "
-                "(e.g. torch_kwargs={...})."
-            )
+            raise unknown_arguments_error(
+                "Evaluator", unknown, parameter_names(Evaluator.__init__),
+                "Framework options go in '<driver>_kwargs' (e.g. torch_kwargs={...}).")
         self.verbose = verbose
-        self._input_fn = make_mapping_fn(input_mapping, "input_mapping")
-        self._output_fn = make_mapping_fn(output_mapping, "output_mapping")
+        self._display = choose_loop_display(progress_bar)
         if isinstance(driver, Driver):
             self.driver = driver
             self._owns_driver = False
@@ -141,59 +170,52 @@ class Evaluator:
             self.driver.check_dataloader_legality(dl, argument=f"evaluate_dataloaders[{name!r}]" if name else "dataloaders")
             self.dataloaders[name] = self.driver.set_dist_repro_dataloader(dl, dist=split, reproducible=False)
         self.evaluate_batch_step_fn = evaluate_batch_step_fn or _default_evaluate_batch_step
-        self._eval_fn, self._eval_sig = self.driver.get_model_call_fn(evaluate_fn, default="evaluate_step")
-        self._feeders = [_MetricFeeder(m, name, self.driver) for name, m in self.metrics.items()]
+        self._step = ModelStep(self.driver, evaluate_fn, "evaluate_step", input_mapping, output_mapping, names,
+                               "evaluate function")
+        taken = tuple(parameter_names(self._step.signature_fn)) if callable(self._step.signature_fn) else ()
+        self._feeders = [_MetricFeeder(m, name, self.driver, names, taken) for name, m in self.metrics.items()]
 
     def evaluate_step(self, batch: Any) -> Any:
-        """Run the evaluate function on one batch (mapped, in the driver's precision) and map its outputs."""
-        if self._input_fn is not None:
-            batch = self._input_fn(batch)
-        with self.driver.auto_cast():
-            outputs = self.driver.model_call(batch, self._eval_fn, self._eval_sig)
-        if self._output_fn is not None:
-            outputs = self._output_fn(outputs)
-        return outputs
+        """Run the evaluate function on one (already mapped) batch in the driver's precision; map its outputs."""
+        return self._step.call(batch)
 
     def update_metrics(self, batch: Any, outputs: Any) -> None:
         """Feed every metric from the batch and the outputs (outputs win on a shared key)."""
-        batch = as_dict(batch)
-        outputs = as_dict(outputs)
-        if not isinstance(outputs, Mapping):
-            raise BatchMismatchError(
-                f"the evaluate function returned {type(outputs).__name__}; metrics need a dict such as "
-                "{'pred': ..., 'target': ...}. Return a dict or pass evaluate_output_mapping=fn."
-            )
-        data = {**batch, **outputs} if isinstance(batch, Mapping) else outputs
+        outputs = named_outputs(outputs, "evaluate function")
+        data = {**batch_dict(batch), **outputs}
         for feed in self._feeders:
-            feed(data)
+            feed(data, outputs)
 
     def run(self, num_eval_batch_per_dl: int = -1) -> dict[str, float]:
         """Evaluate every dataloader (at most ``num_eval_batch_per_dl`` batches each; -1 = all)."""
         check_int(num_eval_batch_per_dl, "num_eval_batch_per_dl", minimum=1, allowed=(-1,))
         driver = self.driver
         driver.set_model_mode("eval")
-        results: dict[str, float] = {}
         # Evaluating must not shift the random streams training draws from (shuffling, dropout),
         # or a resumed run that skips an evaluation would diverge from an uninterrupted one.
-        host_rng, framework_rng = capture_host_rng(), driver.rng_state()
+        results = call_with_rng_kept(driver, lambda: self._run_all(num_eval_batch_per_dl))
+        if self._owns_driver and self.verbose and driver.is_global_zero:
+            print(_format_results(results), flush=True)
+        return results
+
+    def _run_all(self, limit: int) -> dict[str, float]:
+        driver = self.driver
+        display = self._display if driver.is_global_zero else LoopDisplay()
+        results: dict[str, float] = {}
+        prepare = self._step.prepare
         with driver.no_grad():
             for dl_name, dataloader in self.dataloaders.items():
                 for metric in self.metrics.values():
                     metric.reset()
-                for i, batch in enumerate(dataloader):
-                    if i == num_eval_batch_per_dl:
-                        break
-                    self.evaluate_batch_step_fn(self, driver.move_data_to_device(batch))
+                description = f"evaluate {dl_name}" if dl_name else "evaluate"
+                for batch in iterate_batches(dataloader, limit, display, description):
+                    self.evaluate_batch_step_fn(self, prepare(batch))
                 for metric_name, metric in self.metrics.items():
                     metric.aggregate(driver.all_reduce)
                     for key, value in metric.get_metric().items():
                         full = f"{key}#{metric_name}" + (f"#{dl_name}" if dl_name else "")
                         results[full] = value
                     metric.reset()
-        restore_host_rng(host_rng)
-        driver.load_rng_state(framework_rng)
-        if self._owns_driver and self.verbose and driver.is_global_zero:
-            print(_format_results(results), flush=True)
         return results
 
 

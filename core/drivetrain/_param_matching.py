@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._errors import BatchMismatchError, ConfigurationError
+from ._outputs import find_loss
 
 _SIGNATURES: dict[Any, tuple[list[str], list[str], bool]] = {}
 
@@ -63,6 +64,54 @@ def auto_param_call(fn: Callable, batch: Mapping[str, Any], signature_fn: Callab
         raise
 
 
+def _positional_signature(fn: Callable) -> tuple[list[str], int, bool]:
+    """(positional parameter names, how many are required, takes ``*args``) of ``fn``."""
+    names: list[str] = []
+    required = 0
+    var_pos = False
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            var_pos = True
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+            required += p.default is p.empty
+    return names, required, var_pos
+
+
+def make_batch_namer(signature_fn: Callable, wo_auto_param_call: bool) -> Callable[[Any], Any] | None:
+    """A function naming a tuple/list batch by the step function's positional parameters, or None.
+
+    ``DataLoader(TensorDataset(x, y))`` yields ``[x, y]``; with ``forward(self, x, target)``
+    the batch becomes ``{"x": x, "target": y}``, so the model is called as usual and metrics
+    and callbacks see named values. A function of one parameter keeps receiving the whole
+    batch; a batch whose length fits no parameter list is refused with the fixes.
+    """
+    if wo_auto_param_call:
+        return None
+    try:
+        names, required, var_pos = _positional_signature(signature_fn)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to match against
+        return None
+    if var_pos or len(names) <= 1:
+        return None
+    fn_name = getattr(signature_fn, "__qualname__", repr(signature_fn))
+
+    def name_batch(batch: Any) -> Any:
+        if type(batch) is not tuple and type(batch) is not list:
+            return batch
+        if required <= len(batch) <= len(names):
+            return dict(zip(names, batch, strict=False))  # trailing defaults stay unset
+        example = ", ".join(f"{n!r}: batch[{i}]" for i, n in enumerate(names[:len(batch)]))
+        raise BatchMismatchError(
+            f"the batch is a {type(batch).__name__} of {len(batch)} values but {fn_name}({', '.join(names)}) takes "
+            f"{required if required == len(names) else f'{required} to {len(names)}'} positional parameter(s), so "
+            f"they cannot be matched by position. Pass input_mapping=lambda batch: {{{example}}} to name them, or "
+            "model_wo_auto_param_call=True to receive the whole batch as one argument."
+        )
+
+    return name_batch
+
+
 def as_dict(obj: Any) -> Any:
     """A dataclass instance becomes a shallow dict of its fields; anything else is returned as is."""
     if type(obj) is dict:  # the usual case; is_dataclass would raise and catch an AttributeError for it
@@ -73,15 +122,19 @@ def as_dict(obj: Any) -> Any:
 
 
 def loss_of(outputs: Any) -> Any:
-    """``outputs["loss"]`` of a dict or dataclass output, or None."""
+    """The loss in a model's outputs (by name, first tuple element or the bare value), or None."""
     if type(outputs) is dict:  # per batch under a progress bar: the usual case first
         return outputs.get("loss")
-    data = as_dict(outputs)
-    return data.get("loss") if isinstance(data, Mapping) else None
+    return find_loss(outputs)
 
 
-def make_mapping_fn(mapping: Any, argument: str) -> Callable[[Any], Any] | None:
-    """Turn ``input_mapping``/``output_mapping`` (dict, callable or None) into one function."""
+def make_mapping_fn(mapping: Any, argument: str,
+                    to_dict: Callable[[Any], Any] = as_dict) -> Callable[[Any], Any] | None:
+    """Turn ``input_mapping``/``output_mapping`` (dict, callable or None) into one function.
+
+    A dict renames keys of the data after ``to_dict`` has made a dict of it (model outputs
+    of any shape are named first, see :func:`drivetrain._outputs.named_outputs`).
+    """
     if mapping is None:
         return None
     if callable(mapping):
@@ -90,7 +143,7 @@ def make_mapping_fn(mapping: Any, argument: str) -> Callable[[Any], Any] | None:
         renames = dict(mapping)
 
         def rename(data: Any) -> Any:
-            data = as_dict(data)
+            data = to_dict(data)
             if not isinstance(data, Mapping):
                 raise BatchMismatchError(
                     f"{argument} is a dict, so it needs dict or dataclass data, got {type(data).__name__}; "

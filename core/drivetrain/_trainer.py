@@ -28,22 +28,27 @@ from ._checkpoint.training import (
 )
 from ._dataloaders import OverfitLoader, TruncatedLoader, loader_length
 from ._driver import Driver
-from ._errors import BatchMismatchError, ConfigurationError, EarlyStopException
+from ._errors import ConfigurationError, EarlyStopException
 from ._evaluator import Evaluator, normalise_metrics
 from ._events import Event
+from ._inference import ArgumentNames
 from ._monitor import find_monitor_value, validate_monitor
 from ._options import (
     build_driver,
     check_int,
     check_optional_callable,
+    parameter_names,
     resolve_precision,
     split_backend_kwargs,
+    unknown_arguments_error,
 )
-from ._param_matching import as_dict, make_mapping_fn
+from ._outputs import named_outputs, require_loss
+from ._param_matching import make_batch_namer, make_mapping_fn
 from ._progress import choose_progress
 from ._sampler import find_reproducible_sampler
 
 MODEL_FILENAME = "model.safetensors"
+_SAME_AS_TRAINER: Any = type("SameAsTrainer", (), {"__repr__": lambda self: "<the trainer's progress_bar>"})()
 
 _TRAINER_OPTIONS = frozenset({
     "train_input_mapping", "train_output_mapping", "evaluate_input_mapping", "evaluate_output_mapping",
@@ -102,6 +107,7 @@ class Trainer:
         grad_clip: float | None = None,
         grad_clip_type: str = "norm",
         nproc: int | None = None,
+        loss_fn: Callable[[Any, Any], Any] | None = None,
         **kwargs: Any,
     ) -> None:
         # -- 1. every argument is checked before anything is built
@@ -115,6 +121,7 @@ class Trainer:
             check_int(nproc, "nproc", minimum=1)
         check_optional_callable(batch_step_fn, "batch_step_fn", "(trainer, batch)")
         check_optional_callable(evaluate_batch_step_fn, "evaluate_batch_step_fn", "(evaluator, batch)")
+        check_optional_callable(loss_fn, "loss_fn", "(outputs, batch) -> loss")
         for name, value in (("train_fn", train_fn), ("evaluate_fn", evaluate_fn), ("marker", marker)):
             if value is not None and not isinstance(value, str):
                 raise ConfigurationError(f"{name}={value!r} must be a str or None.")
@@ -137,10 +144,10 @@ class Trainer:
         backend_kwargs, unknown = split_backend_kwargs(kwargs)
         unknown -= _TRAINER_OPTIONS
         if unknown:
-            raise ConfigurationError(
-                f"Trainer got unexpected argument(s) {sorted(unknown)}; accepted extra options are "
-                f"{sorted(_TRAINER_OPTIONS)} and '<driver>_kwargs' dicts (e.g. torch_kwargs={{...}})."
-            )
+            raise unknown_arguments_error(
+                "Trainer", unknown, [*parameter_names(Trainer.__init__), *_TRAINER_OPTIONS],
+                f"Besides the named parameters, the Trainer accepts {sorted(_TRAINER_OPTIONS)} and '<driver>_kwargs' "
+                "dicts (e.g. torch_kwargs={...}).")
         train_input = _exclusive(input_mapping, kwargs.get("train_input_mapping"), "input_mapping", "train_input_mapping")
         train_output = _exclusive(output_mapping, kwargs.get("train_output_mapping"), "output_mapping",
                                   "train_output_mapping")
@@ -149,7 +156,10 @@ class Trainer:
         eval_output = _exclusive(output_mapping, kwargs.get("evaluate_output_mapping"), "output_mapping",
                                  "evaluate_output_mapping")
         self._input_fn = make_mapping_fn(train_input, "input_mapping")
-        self._output_fn = make_mapping_fn(train_output, "output_mapping")
+        self._output_fn = make_mapping_fn(train_output, "output_mapping",
+                                          to_dict=lambda outputs: named_outputs(outputs, "train function"))
+        self.loss_fn = loss_fn
+        self._train_input_mapping, self._eval_input_mapping = train_input, eval_input
         callback_list = normalise_callbacks(callbacks)
         progress = choose_progress(progress_bar)
         self.precision = resolve_precision(fp16, precision)
@@ -206,8 +216,11 @@ class Trainer:
             self.evaluator = Evaluator(
                 model, evaluate_dataloaders, metrics, driver=self.driver,
                 evaluate_batch_step_fn=evaluate_batch_step_fn, evaluate_fn=evaluate_fn,
-                input_mapping=eval_input, output_mapping=eval_output,
+                input_mapping=eval_input, output_mapping=eval_output, progress_bar=progress,
                 use_dist_sampler=kwargs.get("evaluate_use_dist_sampler", kwargs.get("use_dist_sampler", True)),
+                _argument_names=ArgumentNames(
+                    "input_mapping" if input_mapping is not None else "evaluate_input_mapping",
+                    "output_mapping" if output_mapping is not None else "evaluate_output_mapping"),
             )
         self.callback_manager = CallbackManager(is_global_zero=self.driver.is_global_zero)
         for cb in callback_list:
@@ -221,6 +234,8 @@ class Trainer:
         # -- 4. the step function and the loop's bookkeeping
         self.batch_step_fn = batch_step_fn or _default_batch_step
         self._train_fn, self._train_sig = self.driver.get_model_call_fn(train_fn, default="train_step")
+        self._batch_namer = make_batch_namer(self._train_sig, self.driver.model_wo_auto_param_call)
+        self._progress = progress
         self.accumulation_steps = accumulation_steps
         self.n_epochs: int | None = n_epochs
         self.n_batches: int | None = None if n_batches == -1 else n_batches
@@ -388,6 +403,7 @@ class Trainer:
         fetch_begin, fetch_end = handlers["on_fetch_data_begin"], handlers["on_fetch_data_end"]
         batch_begin, batch_end = handlers["on_train_batch_begin"], handlers["on_train_batch_end"]
         move_data_to_device = driver.move_data_to_device
+        input_fn, batch_namer = self._input_fn, self._batch_namer
         iterator = iter(self.dataloader)
         for _ in range(skip):  # only for dataloaders without a reproducible sampler
             next(iterator, None)
@@ -403,6 +419,10 @@ class Trainer:
             if fetch_end:
                 fire("on_fetch_data_end")
             batch = move_data_to_device(batch)
+            if input_fn is not None:  # mapped once: the step, the metrics and the callbacks see the same batch
+                batch = input_fn(batch)
+            if batch_namer is not None:
+                batch = batch_namer(batch)
             if batch_begin:
                 sampler = self._sampler
                 indices = None if sampler is None else sampler.batch_indices(
@@ -466,9 +486,11 @@ class Trainer:
         return self._null if self.accumulation_steps == 1 or self._is_cycle_end() else self.driver.no_sync()
 
     def train_step(self, batch: Any) -> Any:
-        """Run the train function on ``batch`` (mapped, in the driver's precision); return mapped outputs."""
-        if self._input_fn is not None:
-            batch = self._input_fn(batch)
+        """Run the train function on ``batch`` (already input-mapped by the loop) in the driver's precision.
+
+        Returns the outputs after ``output_mapping``; with ``loss_fn`` they are a dict holding
+        ``loss_fn(outputs, batch)`` as ``"loss"`` beside the named outputs.
+        """
         driver = self.driver
         context = driver.auto_cast()
         if type(context) is contextlib.nullcontext:  # full precision: nothing to enter
@@ -478,13 +500,17 @@ class Trainer:
                 outputs = driver.model_call(batch, self._train_fn, self._train_sig)
         if self._output_fn is not None:
             outputs = self._output_fn(outputs)
+        if self.loss_fn is not None:
+            loss = self.loss_fn(outputs, batch)
+            outputs = {**named_outputs(outputs, "train function"), "loss": loss}
         return outputs
 
     def backward(self, outputs: Any) -> None:
         """Backpropagate ``outputs["loss"]``, divided by the accumulation cycle's size."""
         if self._handlers["on_before_backward"]:
             self.fire("on_before_backward", outputs)
-        loss = _extract_loss(outputs)
+        loss = outputs["loss"] if type(outputs) is dict and "loss" in outputs else require_loss(
+            outputs, "train function")
         if self.accumulation_steps > 1:
             loss = loss / self._cycle_size()
         self.driver.backward(loss)
@@ -529,6 +555,33 @@ class Trainer:
             raise ConfigurationError("Trainer.evaluate(): this trainer has no metrics/evaluate_dataloaders.")
         self.num_eval_batch_per_dl = num_eval_batch_per_dl
         return self._evaluate()
+
+    def predict(self, dataloader: Any, predict_fn: str | Callable | None = None, output_mapping: Any = None, *,
+                input_mapping: Any = None, num_batches: int = -1, progress_bar: Any = _SAME_AS_TRAINER,
+                save_to: str | os.PathLike | None = None, pad_value: float = -100) -> dict[str, Any]:
+        """Run the model over ``dataloader`` and return ``{output name: numpy array}`` in dataset order.
+
+        ``predict_fn``: a method name of the model or a function of the batch's values
+        (default: the model's ``predict_step``, else its forward). ``input_mapping`` defaults
+        to the trainer's evaluation mapping, so the model is called as in evaluation;
+        ``output_mapping`` renames or reshapes outputs. In a distributed run every rank gets
+        the outputs of the whole dataset. ``save_to`` streams them into a folder instead
+        (see :func:`drivetrain.predict`). The display follows the trainer's ``progress_bar``
+        unless one is given here (``None``: no display).
+        """
+        from ._predict import Predictor
+
+        if input_mapping is None and self.evaluator is not None:
+            input_mapping = self._eval_input_mapping
+        elif input_mapping is None:
+            input_mapping = self._train_input_mapping
+        predictor = Predictor(self.driver, predict_fn=predict_fn, input_mapping=input_mapping,
+                              output_mapping=output_mapping, pad_value=pad_value,
+                              progress_bar=self._progress if progress_bar is _SAME_AS_TRAINER else progress_bar)
+        try:
+            return predictor.run(dataloader, num_batches=num_batches, save_to=save_to)
+        finally:
+            self.driver.set_model_mode("train")
 
     def monitor_value(self, results: Mapping[str, float], monitor: Any = None) -> float:
         """The value ``monitor`` (default: the trainer's) picks from evaluation results."""
@@ -640,19 +693,6 @@ class Trainer:
         check_model_fits(self.driver, tensors, path)
         self.driver.load_model_state(tensors)
         self.fire("on_load_model")
-
-
-def _extract_loss(outputs: Any) -> Any:
-    if type(outputs) is dict and "loss" in outputs:  # the usual case, without the generic checks below
-        return outputs["loss"]
-    data = as_dict(outputs)
-    if isinstance(data, Mapping) and "loss" in data:
-        return data["loss"]
-    described = f"a dict with keys {sorted(data)}" if isinstance(data, Mapping) else type(outputs).__name__
-    raise BatchMismatchError(
-        f"the train function returned {described}, without 'loss'. Return {{'loss': loss, ...}} or pass "
-        "output_mapping={'your_key': 'loss'} (or a function) to the Trainer."
-    )
 
 
 def _check_driver_instance_options(**given: tuple[Any, Any]) -> None:

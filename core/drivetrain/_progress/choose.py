@@ -25,23 +25,33 @@ def stdout_is_terminal() -> bool:
         return False
 
 
-def choose_progress(progress_bar: Any) -> Callback | None:
-    """Return the progress callback ``progress_bar`` names.
+def display_kind(progress_bar: Any) -> str:
+    """``"rich"``, ``"raw"``, ``"tqdm"`` or ``"none"`` for a ``progress_bar=`` value that is not an object.
 
-    ``"auto"`` gives rich bars on an interactive terminal and plain lines
-    elsewhere (pipes, files, ``CI=true``); ``"rich"``, ``"raw"``, ``"tqdm"`` force
-    one; ``None``, ``False`` or ``"none"`` show nothing; a Callback instance (your
-    own progress display) is used as given.
+    ``"auto"`` gives rich bars on an interactive terminal and plain lines elsewhere
+    (pipes, files, ``CI=true``); ``None``, ``False`` and ``"none"`` show nothing.
+    """
+    if progress_bar is None or progress_bar is False:
+        return "none"
+    name = progress_bar.strip().lower() if isinstance(progress_bar, str) else None
+    if name == "auto":
+        return "rich" if stdout_is_terminal() and not in_ci() else "raw"
+    if name in ("none", "raw", "rich", "tqdm"):
+        return name
+    raise ConfigurationError(
+        f"progress_bar={progress_bar!r} is not accepted; use one of {', '.join(repr(a) for a in ACCEPTED)}, "
+        "None/False for no progress display, or a progress Callback instance (e.g. RawTextProgress(print_every=10))."
+    )
+
+
+def choose_progress(progress_bar: Any) -> Callback | None:
+    """Return the progress callback ``progress_bar`` names (see :func:`display_kind`).
+
+    A Callback instance (your own progress display) is used as given.
     """
     if isinstance(progress_bar, Callback):
         return progress_bar
-    if progress_bar is None or progress_bar is False:
-        return None
-    name = progress_bar.strip().lower() if isinstance(progress_bar, str) else None
-    if name == "auto":
-        name = "rich" if stdout_is_terminal() and not in_ci() else "raw"
-    if name == "none":
-        return None
+    name = display_kind(progress_bar)
     if name == "raw":
         from .raw import RawTextProgress
 
@@ -54,7 +64,4 @@ def choose_progress(progress_bar: Any) -> Callback | None:
         from .tqdm_bar import TqdmProgress
 
         return TqdmProgress()
-    raise ConfigurationError(
-        f"progress_bar={progress_bar!r} is not accepted; use one of {', '.join(repr(a) for a in ACCEPTED)}, "
-        "None/False for no progress display, or a progress Callback instance (e.g. RawTextProgress(print_every=10))."
-    )
+    return None

@@ -184,6 +184,15 @@ def run_phase(phase: str, args: argparse.Namespace, launch: dict) -> None:
         with paddle.no_grad():
             pred = driver.unwrap_model()(paddle.to_tensor(data.x))["pred"].numpy()
         result["eval_by_hand"] = float((pred.argmax(-1) == data.target).mean())
+        result["pred_by_hand"] = pred.tolist()
+        # prediction: every rank predicts its shard; each gets the whole set back, in dataset order
+        predicted = trainer.predict(DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH))
+        indices = trainer.predict(DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH),
+                                  predict_fn=lambda x, idx: {"idx": idx})["idx"]
+        streamed = trainer.predict(DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH),
+                                   save_to=os.path.join(args.out, "predictions"))
+        result["predict"] = {"pred": predicted["pred"].tolist(), "idx": indices.tolist()}
+        result["streamed_equal"] = bool((streamed["pred"] == predicted["pred"]).all())
     with open(os.path.join(args.out, f"{phase}-rank{driver.rank}.json"), "w") as f:
         json.dump(result, f)
 

@@ -127,6 +127,14 @@ def test_evaluation_splits_an_odd_set_and_equals_one_process(launcher_run, refer
         assert result["eval"]["acc#acc"] == pytest.approx(result["eval_by_hand"], abs=1e-6)
 
 
+def test_prediction_gathers_every_rank_in_dataset_order(launcher_run) -> None:
+    full = _read(launcher_run, "full")
+    for result in full.values():
+        assert result["predict"]["idx"] == list(range(script.N_EVAL))  # the dataset's order, each sample once
+        np.testing.assert_allclose(result["predict"]["pred"], full[0]["pred_by_hand"], atol=1e-6)
+        assert result["streamed_equal"]
+
+
 def test_callbacks_run_on_every_rank_rank_zero_only_on_rank_zero(launcher_run) -> None:
     full = _read(launcher_run, "full")
     for result in full.values():
@@ -136,8 +144,8 @@ def test_callbacks_run_on_every_rank_rank_zero_only_on_rank_zero(launcher_run) -
 
 def test_checkpoints_are_written_once_by_rank_zero(launcher_run) -> None:
     folder = launcher_run / "ckpt-full"
-    assert sorted(os.listdir(folder)) == ["epoch_1-batch_0-step_6", "epoch_2-batch_0-step_12"]
-    manifest = json.loads((folder / "epoch_1-batch_0-step_6" / "manifest.json").read_text())
+    assert sorted(os.listdir(folder)) == ["step_00000006-epoch_1-batch_0", "step_00000012-epoch_2-batch_0"]
+    manifest = json.loads((folder / "step_00000006-epoch_1-batch_0" / "manifest.json").read_text())
     assert manifest["trainer"]["world_size"] == 2
     assert not list(launcher_run.rglob(".tmp-*"))
 

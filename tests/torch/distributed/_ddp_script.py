@@ -167,6 +167,16 @@ def run_phase(phase: str, args: argparse.Namespace, launch: dict) -> None:
         with torch.no_grad():
             data = Points(N_EVAL, seed=1)
             result["eval_by_hand"] = (unwrapped(data.x)["pred"].argmax(-1) == data.target).float().mean().item()
+            result["pred_by_hand"] = unwrapped(data.x)["pred"].tolist()
+        # prediction: every rank predicts its shard; each gets the whole set back, in dataset order
+        predicted = trainer.predict(DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH))
+        unwrapped = driver.unwrap_model()
+        predicted["idx"] = trainer.predict(DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH),
+                                           predict_fn=lambda x, idx: {"idx": idx})["idx"]
+        streamed = trainer.predict(DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH),
+                                   save_to=os.path.join(args.out, "predictions"))
+        result["predict"] = {k: v.tolist() for k, v in predicted.items()}
+        result["streamed_equal"] = bool((streamed["pred"] == predicted["pred"]).all())
     with open(os.path.join(args.out, f"{phase}-rank{driver.rank}.json"), "w") as f:
         json.dump(result, f)
 

@@ -105,10 +105,19 @@ def test_callbacks_run_on_every_rank_rank_zero_only_on_rank_zero(torchrun_run) -
     assert full[0]["zero_only"] == 1 and full[1]["zero_only"] == 0
 
 
+def test_prediction_gathers_every_rank_in_dataset_order(torchrun_run) -> None:
+    full = _read(torchrun_run, "full")
+    for rank in (0, 1):
+        predicted = full[rank]["predict"]
+        assert predicted["idx"] == list(range(script.N_EVAL))  # the dataset's order, each sample once
+        assert torch.allclose(torch.tensor(predicted["pred"]), torch.tensor(full[0]["pred_by_hand"]), atol=1e-6)
+        assert full[rank]["streamed_equal"]
+
+
 def test_checkpoints_are_written_once_without_leftovers(torchrun_run) -> None:
     folder = torchrun_run / "ckpt-full"
-    assert sorted(os.listdir(folder)) == ["epoch_1-batch_0-step_6", "epoch_2-batch_0-step_12"]
-    manifest = json.loads((folder / "epoch_1-batch_0-step_6" / "manifest.json").read_text())
+    assert sorted(os.listdir(folder)) == ["step_00000006-epoch_1-batch_0", "step_00000012-epoch_2-batch_0"]
+    manifest = json.loads((folder / "step_00000006-epoch_1-batch_0" / "manifest.json").read_text())
     assert manifest["trainer"]["world_size"] == 2
     assert not [p for p in torchrun_run.rglob(".tmp-*")]
 
