@@ -14,6 +14,7 @@ from typing import Any
 
 from ._errors import BatchMismatchError, ConfigurationError
 from ._outputs import find_loss
+from ._suggest import close_matches
 
 _SIGNATURES: dict[Any, tuple[list[str], list[str], bool]] = {}
 
@@ -58,10 +59,26 @@ def auto_param_call(fn: Callable, batch: Mapping[str, Any], signature_fn: Callab
             fn_name = getattr(signature_fn or fn, "__qualname__", repr(fn))
             raise BatchMismatchError(
                 f"{fn_name}() needs parameter(s) {missing} but the batch has keys {sorted(batch)}; "
-                "rename the batch keys, pass input_mapping={'batch_key': 'param'} or a function, "
-                "or set model_wo_auto_param_call=True to receive the whole batch."
+                f"{_renaming_hint(missing, [k for k in batch if k not in names])}, or set "
+                "model_wo_auto_param_call=True to receive the whole batch."
             ) from None
         raise
+
+
+def _renaming_hint(missing: list[str], spare: list[Any]) -> str:
+    """A concrete ``input_mapping`` pairing each missing parameter with an unused batch key (closest name first)."""
+    pairs: dict[Any, str] = {}
+    left = [k for k in spare if isinstance(k, str)]
+    for name in missing:
+        close = close_matches(name, left)
+        key = close[0] if close else (left[0] if left else None)
+        if key is None:
+            break
+        pairs[key] = name
+        left.remove(key)
+    if len(pairs) == len(missing):
+        return f"pass input_mapping={pairs!r} (or a function returning the batch the model takes)"
+    return "pass input_mapping= a function returning a dict with those keys"
 
 
 def _positional_signature(fn: Callable) -> tuple[list[str], int, bool]:

@@ -290,3 +290,15 @@ def test_trainer_metric_error_names_the_trainer_arguments_and_the_fix_works():
     fixed = trainer_for(Scores(4, 3, loss="ce"), train, dev, evaluate_output_mapping=suggestion)
     fixed.run()
     assert fixed.evaluate()["acc#acc"] > 0.9
+
+
+def test_a_missing_parameter_suggests_a_renaming_that_works():
+    renamed = data(x="features")
+    trainer = trainer_for(LinearModel(4, 3, loss="ce"), ArrayLoader(renamed, batch_size=10))
+    with pytest.raises(BatchMismatchError, match=r"needs parameter\(s\) \['x'\].*input_mapping=\{'features': 'x'\}") \
+            as info:
+        trainer.run()
+    suggestion = ast.literal_eval(re.search(r"input_mapping=(\{.*?\})", str(info.value)).group(1))
+    fixed = trainer_for(LinearModel(4, 3, loss="ce"), ArrayLoader(renamed, batch_size=10), input_mapping=suggestion)
+    fixed.run()
+    assert fixed.global_forward_batches == 27
