@@ -29,14 +29,12 @@ from ._checkpoint.training import (
 from ._dataloaders import OverfitLoader, TruncatedLoader, loader_length
 from ._driver import Driver
 from ._errors import ConfigurationError, EarlyStopException
-from ._evaluator import Evaluator, normalise_metrics
+from ._evaluator import Evaluator
 from ._events import Event
-from ._inference import ArgumentNames
-from ._monitor import find_monitor_value, validate_monitor
+from ._monitor import find_monitor_value
 from ._options import (
     build_driver,
     check_int,
-    check_optional_callable,
     parameter_names,
     resolve_precision,
     split_backend_kwargs,
@@ -46,14 +44,17 @@ from ._outputs import named_outputs, require_loss
 from ._param_matching import make_batch_namer, make_mapping_fn
 from ._progress import choose_progress
 from ._sampler import find_reproducible_sampler
+from ._trainer_options import (
+    Mappings,
+    check_driver_instance,
+    check_evaluation,
+    check_loop_arguments,
+    check_step_functions,
+)
 
 MODEL_FILENAME = "model.safetensors"
 _SAME_AS_TRAINER: Any = type("SameAsTrainer", (), {"__repr__": lambda self: "<the trainer's progress_bar>"})()
 
-_TRAINER_OPTIONS = frozenset({
-    "train_input_mapping", "train_output_mapping", "evaluate_input_mapping", "evaluate_output_mapping",
-    "check_dataloader_legality", "reproducible_sampler", "use_dist_sampler", "evaluate_use_dist_sampler",
-})
 
 
 def _default_batch_step(trainer: Trainer, batch: Any) -> None:
@@ -77,165 +78,117 @@ class Trainer:
     _registered_fns: ClassVar[dict[str | None, list[tuple[Event, Callable]]]] = defaultdict(list)
 
     def __init__(
-        self,
-        model: Any,
-        train_dataloader: Any,
-        optimizers: Any = None,
-        driver: str | Driver = "auto",
-        device: Any = "cpu",
-        n_epochs: int = 20,
-        evaluate_dataloaders: Any = None,
+        self, model: Any, train_dataloader: Any, optimizers: Any = None, driver: str | Driver = "auto",
+        device: Any = "cpu", n_epochs: int = 20, evaluate_dataloaders: Any = None,
         batch_step_fn: Callable[[Trainer, Any], None] | None = None,
-        evaluate_batch_step_fn: Callable[[Evaluator, Any], None] | None = None,
-        train_fn: str | None = None,
-        evaluate_fn: str | None = None,
-        callbacks: Callback | list[Callback] | None = None,
-        metrics: Mapping[str, Any] | None = None,
-        evaluate_every: int | Callable[[Trainer], bool] = -1,
-        input_mapping: Any = None,
-        output_mapping: Any = None,
-        model_wo_auto_param_call: bool = False,
-        accumulation_steps: int = 1,
-        fp16: bool = False,
-        monitor: str | Callable[[Mapping[str, float]], float] | None = None,
-        larger_better: bool = True,
-        n_batches: int = -1,
-        overfit_batches: int = 0,
-        marker: str | None = None,
-        progress_bar: Any = "auto",
-        precision: str | None = None,
-        grad_clip: float | None = None,
-        grad_clip_type: str = "norm",
-        nproc: int | None = None,
-        loss_fn: Callable[[Any, Any], Any] | None = None,
+        evaluate_batch_step_fn: Callable[[Evaluator, Any], None] | None = None, train_fn: str | None = None,
+        evaluate_fn: str | None = None, callbacks: Callback | list[Callback] | None = None,
+        metrics: Mapping[str, Any] | None = None, evaluate_every: int | Callable[[Trainer], bool] = -1,
+        input_mapping: Any = None, output_mapping: Any = None, model_wo_auto_param_call: bool = False,
+        accumulation_steps: int = 1, fp16: bool = False,
+        monitor: str | Callable[[Mapping[str, float]], float] | None = None, larger_better: bool = True,
+        n_batches: int = -1, overfit_batches: int = 0, marker: str | None = None, progress_bar: Any = "auto",
+        precision: str | None = None, grad_clip: float | None = None, grad_clip_type: str = "norm",
+        nproc: int | None = None, loss_fn: Callable[[Any, Any], Any] | None = None, *,
+        train_input_mapping: Any = None, train_output_mapping: Any = None, evaluate_input_mapping: Any = None,
+        evaluate_output_mapping: Any = None, check_dataloader_legality: bool = True,
+        reproducible_sampler: bool = True, use_dist_sampler: bool = True, evaluate_use_dist_sampler: bool | None = None,
         **kwargs: Any,
     ) -> None:
         # -- 1. every argument is checked before anything is built
-        if train_dataloader is None:
-            raise ConfigurationError("train_dataloader=None: pass the dataloader (any iterable of batches) to train on.")
-        check_int(n_epochs, "n_epochs", minimum=1)
-        check_int(accumulation_steps, "accumulation_steps", minimum=1)
-        check_int(n_batches, "n_batches", minimum=1, allowed=(-1,))
-        check_int(overfit_batches, "overfit_batches", minimum=0, allowed=(-1,))
-        if nproc is not None:
-            check_int(nproc, "nproc", minimum=1)
-        check_optional_callable(batch_step_fn, "batch_step_fn", "(trainer, batch)")
-        check_optional_callable(evaluate_batch_step_fn, "evaluate_batch_step_fn", "(evaluator, batch)")
-        check_optional_callable(loss_fn, "loss_fn", "(outputs, batch) -> loss")
-        for name, value in (("train_fn", train_fn), ("evaluate_fn", evaluate_fn), ("marker", marker)):
-            if value is not None and not isinstance(value, str):
-                raise ConfigurationError(f"{name}={value!r} must be a str or None.")
-        if not isinstance(larger_better, bool):
-            raise ConfigurationError(f"larger_better={larger_better!r} must be True or False.")
-        _check_evaluate_every(evaluate_every)
-        if metrics is not None:
-            metrics = normalise_metrics(metrics)
-            if evaluate_dataloaders is None and overfit_batches == 0:
-                raise ConfigurationError(
-                    "metrics were given but evaluate_dataloaders=None; pass evaluate_dataloaders= "
-                    "(a dataloader or {name: dataloader}) or drop metrics."
-                )
-        elif evaluate_dataloaders is not None:
-            raise ConfigurationError(
-                "evaluate_dataloaders were given but metrics=None; pass metrics={'acc': Accuracy()} or drop "
-                "evaluate_dataloaders."
-            )
-        validate_monitor(monitor, metrics)
-        backend_kwargs, unknown = split_backend_kwargs(kwargs)
-        unknown -= _TRAINER_OPTIONS
-        if unknown:
-            raise unknown_arguments_error(
-                "Trainer", unknown, [*parameter_names(Trainer.__init__), *_TRAINER_OPTIONS],
-                f"Besides the named parameters, the Trainer accepts {sorted(_TRAINER_OPTIONS)} and '<driver>_kwargs' "
-                "dicts (e.g. torch_kwargs={...}).")
-        train_input = _exclusive(input_mapping, kwargs.get("train_input_mapping"), "input_mapping", "train_input_mapping")
-        train_output = _exclusive(output_mapping, kwargs.get("train_output_mapping"), "output_mapping",
-                                  "train_output_mapping")
-        eval_input = _exclusive(input_mapping, kwargs.get("evaluate_input_mapping"), "input_mapping",
-                                "evaluate_input_mapping")
-        eval_output = _exclusive(output_mapping, kwargs.get("evaluate_output_mapping"), "output_mapping",
-                                 "evaluate_output_mapping")
-        self._input_fn = make_mapping_fn(train_input, "input_mapping")
-        self._output_fn = make_mapping_fn(train_output, "output_mapping",
-                                          to_dict=lambda outputs: named_outputs(outputs, "train function"))
-        self.loss_fn = loss_fn
-        self._train_input_mapping, self._eval_input_mapping = train_input, eval_input
+        check_loop_arguments(train_dataloader=train_dataloader, n_epochs=n_epochs, n_batches=n_batches,
+                             accumulation_steps=accumulation_steps, overfit_batches=overfit_batches, nproc=nproc,
+                             evaluate_every=evaluate_every, larger_better=larger_better)
+        check_step_functions(batch_step_fn=batch_step_fn, evaluate_batch_step_fn=evaluate_batch_step_fn,
+                             loss_fn=loss_fn, train_fn=train_fn, evaluate_fn=evaluate_fn, marker=marker)
+        metrics = check_evaluation(metrics, evaluate_dataloaders, overfit_batches, monitor)
+        backend_kwargs = _backend_options(kwargs)
+        self.mappings = Mappings.resolve(input_mapping, output_mapping, train_input_mapping, train_output_mapping,
+                                         evaluate_input_mapping, evaluate_output_mapping)
         callback_list = normalise_callbacks(callbacks)
         progress = choose_progress(progress_bar)
         self.precision = resolve_precision(fp16, precision)
-
         if isinstance(driver, Driver):
-            _check_driver_instance_options(
-                device=(device, "cpu"), fp16=(fp16, False), precision=(precision, None), grad_clip=(grad_clip, None),
-                grad_clip_type=(grad_clip_type, "norm"), nproc=(nproc, None),
+            check_driver_instance(
+                driver, model, device=(device, "cpu"), fp16=(fp16, False), precision=(precision, None),
+                grad_clip=(grad_clip, None), grad_clip_type=(grad_clip_type, "norm"), nproc=(nproc, None),
                 model_wo_auto_param_call=(model_wo_auto_param_call, False),
-                **{f"{name}_kwargs": (value, None) for name, value in backend_kwargs.items()},
-            )
+                **{f"{name}_kwargs": (value, None) for name, value in backend_kwargs.items()})
             self.precision = driver.precision
-            if driver.unwrap_model() is not model:
-                raise ConfigurationError(
-                    "driver= is a Driver built for another model than model=; pass the same model to both."
-                )
 
-        # -- 2. the driver
-        self.model = model
-        self.marker = marker
+        # -- 2. the driver, the data, the evaluator, the callbacks
+        self.model, self.marker, self.loss_fn = model, marker, loss_fn
         self.driver = build_driver(
             driver, model, device, precision=self.precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
             model_wo_auto_param_call=model_wo_auto_param_call, backend_kwargs=backend_kwargs,
-            **({} if nproc is None else {"nproc": nproc}),
-        )
-        self.driver.set_optimizers(optimizers)
-        if not self.driver.optimizers and batch_step_fn is None:
+            **({} if nproc is None else {"nproc": nproc}))
+        self._setup_driver(optimizers, needs_optimizers=batch_step_fn is None)
+        self._setup_data(train_dataloader, check_dataloader_legality, use_dist_sampler, reproducible_sampler,
+                         overfit_batches)
+        self.metrics, self.monitor, self.larger_better, self.evaluate_every = metrics, monitor, larger_better, evaluate_every
+        self.evaluator: Evaluator | None = None
+        if metrics is not None:
+            self.evaluator = Evaluator(
+                model, self.dataloader if overfit_batches else evaluate_dataloaders, metrics, driver=self.driver,
+                evaluate_batch_step_fn=evaluate_batch_step_fn, evaluate_fn=evaluate_fn, progress_bar=progress,
+                input_mapping=self.mappings.evaluate_input, output_mapping=self.mappings.evaluate_output,
+                use_dist_sampler=use_dist_sampler if evaluate_use_dist_sampler is None else evaluate_use_dist_sampler,
+                _argument_names=self.mappings.evaluate_names)
+        self._setup_callbacks(callback_list, progress, marker)
+
+        # -- 3. the step function and the loop's position
+        self._setup_step(batch_step_fn, train_fn)
+        self._reset_position(n_epochs, n_batches, accumulation_steps)
+        self.fire("on_after_trainer_initialized", self.driver)
+
+    def _setup_driver(self, optimizers: Any, needs_optimizers: bool) -> None:
+        driver = self.driver
+        driver.set_optimizers(optimizers)
+        if not driver.optimizers and needs_optimizers:
             raise ConfigurationError(
                 "optimizers=None: pass the optimizer(s) to train with, or a batch_step_fn that updates the model."
             )
-        self.driver.setup()
-        self.driver.zero_grad()  # a clean start; a checkpoint loaded later may bring back gradients of a cycle
-        if kwargs.get("check_dataloader_legality", True):
-            self.driver.check_dataloader_legality(train_dataloader, argument="train_dataloader")
+        driver.setup()
+        driver.zero_grad()  # a clean start; a checkpoint loaded later may bring back gradients of a cycle
 
-        # -- 3. data, evaluation and callbacks
+    def _setup_data(self, train_dataloader: Any, check_legality: bool, use_dist_sampler: bool,
+                    reproducible_sampler: bool, overfit_batches: int) -> None:
+        """The dataloader the loop iterates: sharded across ranks and resumable where the driver can make it so."""
+        driver = self.driver
+        if check_legality:
+            driver.check_dataloader_legality(train_dataloader, argument="train_dataloader")
         self.train_dataloader = train_dataloader
-        distributed = self.driver.is_distributed()
-        self.dataloader = self.driver.set_dist_repro_dataloader(
-            train_dataloader, dist="train" if distributed and kwargs.get("use_dist_sampler", True) else None,
-            reproducible=bool(kwargs.get("reproducible_sampler", True)))
+        self.dataloader = driver.set_dist_repro_dataloader(
+            train_dataloader, dist="train" if driver.is_distributed() and use_dist_sampler else None,
+            reproducible=bool(reproducible_sampler))
         self._sampler = find_reproducible_sampler(self.dataloader)
         self.overfit_batches = overfit_batches
         if overfit_batches != 0:
             self.dataloader = OverfitLoader(self.dataloader, overfit_batches)
-            if metrics is not None:
-                evaluate_dataloaders = self.dataloader
-        self.metrics = metrics
-        self.monitor = monitor
-        self.larger_better = larger_better
-        self.evaluate_every = evaluate_every
-        self.evaluator: Evaluator | None = None
-        if metrics is not None:
-            self.evaluator = Evaluator(
-                model, evaluate_dataloaders, metrics, driver=self.driver,
-                evaluate_batch_step_fn=evaluate_batch_step_fn, evaluate_fn=evaluate_fn,
-                input_mapping=eval_input, output_mapping=eval_output, progress_bar=progress,
-                use_dist_sampler=kwargs.get("evaluate_use_dist_sampler", kwargs.get("use_dist_sampler", True)),
-                _argument_names=ArgumentNames(
-                    "input_mapping" if input_mapping is not None else "evaluate_input_mapping",
-                    "output_mapping" if output_mapping is not None else "evaluate_output_mapping"),
-            )
+
+    def _setup_callbacks(self, callbacks: list[Callback], progress: Callback | None, marker: str | None) -> None:
         self.callback_manager = CallbackManager(is_global_zero=self.driver.is_global_zero)
-        for cb in callback_list:
+        for cb in callbacks:
             self.callback_manager.add_callback(cb)
         if progress is not None:
             self.callback_manager.add_callback(progress)
         for event, fn in self._take_registered_fns(marker):
             self.callback_manager.add_fn(event, fn, where="Trainer.on")
         self._handlers = self.callback_manager.handlers
+        self._progress = progress
 
-        # -- 4. the step function and the loop's bookkeeping
+    def _setup_step(self, batch_step_fn: Callable[[Trainer, Any], None] | None, train_fn: str | None) -> None:
+        """What each batch runs: the train function, its mappings and how tuple batches are named."""
         self.batch_step_fn = batch_step_fn or _default_batch_step
         self._train_fn, self._train_sig = self.driver.get_model_call_fn(train_fn, default="train_step")
         self._batch_namer = make_batch_namer(self._train_sig, self.driver.model_wo_auto_param_call)
-        self._progress = progress
+        self._input_fn = make_mapping_fn(self.mappings.train_input, "input_mapping")
+        self._output_fn = make_mapping_fn(self.mappings.train_output, "output_mapping",
+                                          to_dict=lambda outputs: named_outputs(outputs, "train function"))
+        self._null = contextlib.nullcontext()
+
+    def _reset_position(self, n_epochs: int, n_batches: int, accumulation_steps: int) -> None:
+        """The loop's length and position, as callbacks read them and checkpoints store them."""
         self.accumulation_steps = accumulation_steps
         self.n_epochs: int | None = n_epochs
         self.n_batches: int | None = None if n_batches == -1 else n_batches
@@ -245,14 +198,12 @@ class Trainer:
         self.global_forward_batches = 0
         self.num_batches_per_epoch: int | None = None
         self._epoch_length: int | None = None
-        self._null = contextlib.nullcontext()
         self._has_run = False
         self._in_epoch = False
         self._mid_batch = False  # a batch was fetched and its step has not completed
         self._resume_batches = 0  # batches of the current epoch a resumed run starts after
         self._resume_samples: int | None = None  # the same position in samples, when a sampler tracks it
         self._epoch_start_batch = 0  # batch index the running epoch's iteration started at
-        self.fire("on_after_trainer_initialized", self.driver)
 
     # ------------------------------------------------------------------ callbacks
     @classmethod
@@ -571,10 +522,8 @@ class Trainer:
         """
         from ._predict import Predictor
 
-        if input_mapping is None and self.evaluator is not None:
-            input_mapping = self._eval_input_mapping
-        elif input_mapping is None:
-            input_mapping = self._train_input_mapping
+        if input_mapping is None:
+            input_mapping = self.mappings.evaluate_input if self.evaluator is not None else self.mappings.train_input
         predictor = Predictor(self.driver, predict_fn=predict_fn, input_mapping=input_mapping,
                               output_mapping=output_mapping, pad_value=pad_value,
                               progress_bar=self._progress if progress_bar is _SAME_AS_TRAINER else progress_bar)
@@ -695,28 +644,11 @@ class Trainer:
         self.fire("on_load_model")
 
 
-def _check_driver_instance_options(**given: tuple[Any, Any]) -> None:
-    """With a ready Driver, options that configure a driver would be ignored: refuse them."""
-    ignored = sorted(name for name, (value, default) in given.items() if value != default)
-    if ignored:
-        raise ConfigurationError(
-            f"driver= is a Driver instance, so {ignored} would be ignored; pass these options to the driver "
-            "when you build it, or pass driver='<name>' and let the Trainer build it."
-        )
-
-
-def _exclusive(general: Any, specific: Any, general_name: str, specific_name: str) -> Any:
-    if general is not None and specific is not None:
-        raise ConfigurationError(f"{general_name} and {specific_name} were both given; pass only one of them.")
-    return specific if specific is not None else general
-
-
-def _check_evaluate_every(evaluate_every: Any) -> None:
-    if callable(evaluate_every):
-        return
-    if isinstance(evaluate_every, int) and not isinstance(evaluate_every, bool) and evaluate_every != 0:
-        return
-    raise ConfigurationError(
-        f"evaluate_every={evaluate_every!r} is not accepted; use an int > 0 (every n batches), an int < 0 "
-        "(every -n epochs) or a function(trainer) -> bool called after each batch."
-    )
+def _backend_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``<driver>_kwargs`` dicts; any other unknown keyword is a misspelt argument."""
+    backend_kwargs, unknown = split_backend_kwargs(kwargs)
+    if unknown:
+        raise unknown_arguments_error(
+            "Trainer", unknown, parameter_names(Trainer.__init__),
+            "Framework options go in '<driver>_kwargs' dicts (e.g. torch_kwargs={...}).")
+    return backend_kwargs
