@@ -100,6 +100,11 @@ def main(mode: str, out: str, ckpt: str | None) -> None:
         trainer.add_callback_fn(Event.on_evaluate_end(), lambda t, r: results.update(r))
         trainer.run(num_eval_sanity_batch=0)
         record["results"] = results
+        # prediction: each rank predicts its shard of the 30 samples; every rank gets all of them in order
+        predicted = trainer.predict(Points(30, seed=1, batch_size=8), predict_fn=lambda x, index: {
+            "pred": driver.unwrap_model()(x)["pred"], "index": index})
+        record["predicted_index"] = predicted["index"].tolist()
+        record["predicted"] = predicted["pred"].tolist()
         record["gathered"] = driver.all_gather_object({"rank": rank, "text": "x" * (rank + 3)})
         record["broadcast"] = driver.broadcast_object([rank, "from"], src=1)
         record["sum"] = driver.all_reduce(np.array([rank + 1, 10], dtype=np.int64), "sum").tolist()

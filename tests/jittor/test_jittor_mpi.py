@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from drivetrain import Accuracy, Evaluator, Event, Trainer, seed_everything
+from drivetrain import Accuracy, Evaluator, Event, Trainer, predict, seed_everything
 
 from .conftest import Points, TinyNet, jt
 
@@ -124,6 +124,17 @@ def test_metrics_and_collectives_across_processes(trained):
         assert rec["sum"] == [3, 20]
         assert rec["max"] == [1.5, 0.0]
         assert rec["min"] == [0.0, -1.0]
+
+
+def test_prediction_gathers_every_rank_in_dataset_order(trained):
+    first, second = records(trained)
+    seed_everything(0)
+    model = TinyNet()
+    model.load_state_dict({k: jt.array(v) for k, v in params(trained, 0).items()})
+    alone = predict(model, Points(30, seed=1, batch_size=8), driver="jittor", progress_bar=None)
+    for rec in (first, second):
+        assert rec["predicted_index"] == list(range(30))  # the dataset's order, each sample once
+        np.testing.assert_allclose(rec["predicted"], alone["pred"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.timeout(3 * LIMIT + 60)

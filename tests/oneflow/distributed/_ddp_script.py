@@ -107,9 +107,13 @@ def train(out: str, nproc: int | None) -> None:
     results = trainer.evaluate()
     trainer.save_checkpoint(os.path.join(out, "checkpoint"))
     rank = driver.rank
+    # prediction: each rank predicts its shard; every rank gets the whole set back in dataset order
+    dev = flow.utils.data.DataLoader(Points(N_EVAL, 1), batch_size=EVAL_BATCH)
+    predicted = trainer.predict(dev, predict_fn=lambda x, idx: {"pred": driver.unwrap_model()(x)["pred"], "idx": idx})
     report = {
         "rank": rank, "world_size": driver.world_size, "distributed": driver.is_distributed(),
         "params": params(model), "eval": results, "seen": model.seen,
+        "predicted": predicted["pred"].tolist(), "predicted_idx": predicted["idx"].tolist(),
         "gathered": driver.all_gather_object({"rank": rank, "text": "x" * (rank * 100)}),
         "broadcast": driver.broadcast_object(["from", rank], src=1),
         "max": driver.all_reduce(np.array([rank, -rank], np.int64), "max").tolist(),

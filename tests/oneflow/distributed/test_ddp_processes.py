@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from drivetrain import Trainer
+from drivetrain import Trainer, predict
 from drivetrain._errors import DriverError
 from drivetrain._plugins import create_driver
 
@@ -91,6 +91,18 @@ def test_each_rank_trains_on_its_own_half_of_every_epoch(launched) -> None:
 def test_evaluation_splits_an_odd_set_and_equals_one_process(launched, reference) -> None:
     for r in (0, 1):
         assert launched["oneflow"]["ranks"][r]["eval"] == pytest.approx(reference["eval"])
+
+
+def test_prediction_gathers_every_rank_in_dataset_order(launched) -> None:
+    ranks = launched["oneflow"]["ranks"]
+    model = script.Net()
+    model.load_state_dict({k: flow.tensor(np.asarray(v, dtype=np.float32).reshape(model.state_dict()[k].shape))
+                           for k, v in ranks[0]["params"].items()})
+    alone = predict(model, flow.utils.data.DataLoader(script.Points(script.N_EVAL, 1), batch_size=3),
+                    driver="oneflow", progress_bar=None)
+    for r in (0, 1):
+        assert ranks[r]["predicted_idx"] == list(range(script.N_EVAL))  # the dataset's order, each sample once
+        np.testing.assert_allclose(ranks[r]["predicted"], alone["pred"], rtol=1e-5, atol=1e-6)
 
 
 def test_object_collectives_built_on_tensor_collectives(launched) -> None:
