@@ -49,7 +49,7 @@ class Callback:
 
 def _define_default_methods() -> None:
     def make(name: str) -> Callable:
-        def method(self, trainer, *args):  # noqa: ANN001 - signature documented on Event
+        def method(self: Callback, trainer: Any, *args: Any) -> None:  # the arguments are documented on Event
             return None
 
         method.__name__ = method.__qualname__ = name

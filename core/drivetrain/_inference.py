@@ -68,7 +68,7 @@ class ModelStep:
         return outputs
 
 
-def batch_dict(batch: Any) -> dict[str, Any]:
+def batch_dict(batch: Any) -> Mapping[str, Any]:
     """A prepared batch as a dict for metrics (a batch that is not a dict contributes nothing by name)."""
     data = as_dict(batch)
     return data if isinstance(data, Mapping) else {}

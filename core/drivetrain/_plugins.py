@@ -136,6 +136,7 @@ class DrivetrainHookspecs:
     @hookspec
     def drivetrain_driver_specs(self) -> list[DriverSpec]:
         """Return the :class:`DriverSpec` of every driver this plugin provides. Must not import a framework."""
+        raise NotImplementedError  # a specification: pluggy calls the plugins' implementations, never this
 
 
 @dataclass
@@ -206,7 +207,8 @@ def _checked_specs(answer: Any, plugin: str, origin: str) -> list[DriverSpec]:
                 isinstance(v, int) and not isinstance(v, bool) for v in spec.contract_versions):
             problems.append(f"contract_versions={spec.contract_versions!r} must be a tuple of ints, e.g. "
                             f"({CONTRACT_VERSION},)")
-        if not isinstance(spec.capabilities, Capabilities):
+        capabilities: object = spec.capabilities  # a plugin's value: its annotation is not a guarantee
+        if not isinstance(capabilities, Capabilities):
             problems.append(f"capabilities={spec.capabilities!r} must be a drivetrain.Capabilities")
         if problems:
             raise ValueError(f"its DriverSpec {spec.name!r} is malformed: " + "; ".join(problems))
@@ -267,7 +269,7 @@ def _configure_tracing() -> None:
     if not any(getattr(h, "_drivetrain_trace", False) for h in logger.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("drivetrain.plugins: %(message)s"))
-        handler._drivetrain_trace = True  # type: ignore[attr-defined]
+        handler._drivetrain_trace = True  # type: ignore[attr-defined]  # our marker on a stdlib handler
         logger.addHandler(handler)
 
 

@@ -149,7 +149,7 @@ def load_predictions(folder: str | os.PathLike) -> dict[str, np.ndarray]:
             from None
     if meta.get("format") != FORMAT:
         raise ConfigurationError(f"{folder}/{METADATA_FILE} is not a drivetrain predictions file.")
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for name, entry in meta["outputs"].items():
         path = os.path.join(folder, entry["file"])
         with open(path, "rb") as f:
@@ -194,7 +194,8 @@ def _pad_to(array: np.ndarray, trailing: tuple[int, ...], pad_value: float) -> n
     if array.shape[1:] == trailing:
         return array
     out = np.full((array.shape[0], *trailing), pad_value, dtype=array.dtype)
-    out[(slice(None), *(slice(0, n) for n in array.shape[1:]))] = array
+    filled = (slice(None), *(slice(0, n) for n in array.shape[1:]))  # mypy takes out[(a, *b)] for 3.11 syntax
+    out[filled] = array
     return out
 
 

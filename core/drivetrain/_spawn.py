@@ -151,8 +151,8 @@ class FailureBoard:
             for rank in range(self.world_size):
                 if rank == self.rank:
                     continue
-                parts = [self._get(key.format(rank=rank)) for key in (self._failed, EXIT_KEY)]
-                parts = [p for p in parts if p]
+                posted = [self._get(key.format(rank=rank)) for key in (self._failed, EXIT_KEY)]
+                parts = [p for p in posted if p]
                 if parts:
                     found[rank] = "; ".join(parts)
         except Exception:  # noqa: BLE001 - e.g. the store was hosted by the process that died
@@ -326,7 +326,8 @@ class Launcher:
                 if code != 0 and rank not in self._stopped:
                     failed_at = failed_at or time.monotonic()
                     try:
-                        self.store.set(EXIT_KEY.format(rank=rank), exit_description(code))  # type: ignore[union-attr]
+                        if self.store is not None:  # set by start(), which starts this thread
+                            self.store.set(EXIT_KEY.format(rank=rank), exit_description(code))
                     except Exception:  # noqa: BLE001 - a nicety for the other ranks' messages
                         pass
             settled = self._failed or self._exiting

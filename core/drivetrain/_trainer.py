@@ -191,6 +191,7 @@ class Trainer:
         """The loop's length and position, as callbacks read them and checkpoints store them."""
         self.accumulation_steps = accumulation_steps
         self.n_epochs: int | None = n_epochs
+        self._requested_n_epochs = n_epochs
         self.n_batches: int | None = None if n_batches == -1 else n_batches
         self._requested_n_batches = n_batches
         self.cur_epoch_idx = 0
@@ -307,7 +308,7 @@ class Trainer:
         """Work out ``n_batches`` from ``n_epochs`` (or the reverse) once the epoch length is known."""
         per_epoch = self.num_batches_per_epoch
         if self._requested_n_batches == -1:
-            self.n_batches = None if per_epoch is None else per_epoch * self.n_epochs
+            self.n_batches = None if per_epoch is None else per_epoch * self._requested_n_epochs
         elif per_epoch:
             self.n_epochs = -(-self._requested_n_batches // per_epoch)
         else:
@@ -494,8 +495,11 @@ class Trainer:
 
     # ----------------------------------------------------------------- evaluation
     def _evaluate(self) -> dict[str, float]:
+        evaluator = self.evaluator
+        if evaluator is None:
+            raise ConfigurationError("this trainer has no metrics/evaluate_dataloaders to evaluate with.")
         self.fire("on_evaluate_begin")
-        results = self.evaluator.run(num_eval_batch_per_dl=getattr(self, "num_eval_batch_per_dl", -1))
+        results = evaluator.run(num_eval_batch_per_dl=getattr(self, "num_eval_batch_per_dl", -1))
         self.driver.set_model_mode("train")
         self.fire("on_evaluate_end", results)
         return results

@@ -43,6 +43,8 @@ def schedule_factor(kind: str, step: int, warmup_steps: int, total_steps: int | 
         return (step + 1) / warmup_steps
     if kind == "constant":
         return 1.0
+    if total_steps is None:
+        raise ValueError(f"schedule_factor: kind={kind!r} decays over total_steps, which is None.")
     decay_steps = total_steps - warmup_steps
     progress = 1.0 if decay_steps <= 0 else min(1.0, (step - warmup_steps) / decay_steps)
     shape = 1.0 - progress if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -66,7 +68,7 @@ def planned_optimizer_steps(n_batches: int | None, batches_per_epoch: int | None
 
 
 def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
 
 
 class WarmupSchedule(Callback):
@@ -164,6 +166,7 @@ class WarmupSchedule(Callback):
 
     def _warmup_for(self, total: int | None) -> int:
         if self.warmup_ratio is not None:
+            assert total is not None, "callers resolve the total first when warmup_ratio is set"
             return math.ceil(round(self.warmup_ratio * total, 9))  # 0.1 * 30 is 3.0000000000000004, not 4 steps
         return self.warmup_steps or 0
 

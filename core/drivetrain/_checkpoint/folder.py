@@ -163,7 +163,7 @@ def is_complete(folder: str) -> bool:
 
 def list_checkpoints(parent: str) -> list[tuple[str, dict[str, Any]]]:
     """Complete checkpoints directly under ``parent`` with their manifests, oldest progress first."""
-    found = []
+    found: list[tuple[str, dict[str, Any]]] = []
     if not os.path.isdir(parent):
         return found
     for entry in os.scandir(parent):
@@ -179,7 +179,7 @@ def list_checkpoints(parent: str) -> list[tuple[str, dict[str, Any]]]:
 
 def recover_replaced(parent: str) -> list[str]:
     """Put back checkpoints that a crash left renamed away while being replaced; return them."""
-    restored = []
+    restored: list[str] = []
     if not os.path.isdir(parent):
         return restored
     for entry in os.scandir(parent):
@@ -214,7 +214,7 @@ def _manifest_error(folder: str) -> str | None:
     return None
 
 
-def resolve_resume_folder(path: str) -> str:
+def resolve_resume_folder(path: str | os.PathLike) -> str:
     """``path`` itself if it is a checkpoint, else the newest complete checkpoint inside it."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):

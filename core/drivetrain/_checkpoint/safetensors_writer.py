@@ -72,7 +72,7 @@ def array_buffer(array: np.ndarray, dtype: str | None = None) -> tuple[str, tupl
             raise DriverError(f"has numpy dtype {array.dtype}, which safetensors cannot store.")
     if not array.flags.c_contiguous:
         array = array.copy(order="C")
-    return dtype, shape, memoryview(array.reshape(-1).view(np.uint8))
+    return dtype, shape, array.reshape(-1).view(np.uint8).data  # .data: the memoryview of the buffer
 
 
 def _checked(entries: Iterable[TensorEntry]) -> list[tuple[str, str, tuple[int, ...], memoryview]]:

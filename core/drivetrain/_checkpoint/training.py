@@ -84,14 +84,14 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
     skeleton["callbacks"] = callbacks_json
     skeleton["sampler"] = sampler_state
     skeleton["position"] = position.__dict__
-    files = {
+    files: dict[str, FileContent] = {
         MODEL_FILE: driver.tensor_file(driver.model_state()),
         STATE_TENSORS: driver.tensor_file(tensors),
         STATE_JSON: json.dumps(skeleton).encode(),
     }
     if pickled:
         files[PICKLE_FILE] = pickle.dumps(pickled)
-    manifest = {
+    manifest: dict[str, Any] = {
         "drivetrain_version": __version__,
         "driver": driver.name,
         "framework_version": driver.framework_version(),
@@ -104,8 +104,8 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
 
 def build_model_checkpoint(driver: Driver) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """A weights-only folder: the model file and a manifest of kind ``model``."""
-    files = {MODEL_FILE: driver.tensor_file(driver.model_state())}
-    manifest = {"drivetrain_version": __version__, "driver": driver.name,
+    files: dict[str, FileContent] = {MODEL_FILE: driver.tensor_file(driver.model_state())}
+    manifest: dict[str, Any] = {"drivetrain_version": __version__, "driver": driver.name,
                 "framework_version": driver.framework_version(), "kind": "model", "pickle": False}
     return files, manifest
 

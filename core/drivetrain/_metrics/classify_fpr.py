@@ -68,7 +68,7 @@ class ClassifyFPreRecMetric(Metric):
         self.register_element("fn", zeros, aggregate="sum")
 
     @property
-    def result_names(self) -> tuple[str, ...]:  # type: ignore[override]
+    def result_names(self) -> tuple[str, ...]:  # type: ignore[override]  # computed; the base's is a class attribute
         names = ["f", "pre", "rec"]
         if not self.only_gross:
             for i in self.kept:

@@ -88,7 +88,7 @@ class RichLoopDisplay(LoopDisplay):
     def start(self, description: str, total: int | None) -> None:
         progress = getattr(self._owner, "_progress", None)
         self._own = progress is None
-        if self._own:
+        if progress is None:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

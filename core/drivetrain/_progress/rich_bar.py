@@ -77,7 +77,7 @@ class RichProgress(ProgressCallback):
 
     def on_train_epoch_begin(self, trainer: Any) -> None:
         super().on_train_epoch_begin(trainer)
-        if self._progress is not None:
+        if self._progress is not None and self._batch_task is not None:
             self._progress.reset(
                 self._batch_task,
                 total=trainer.num_batches_per_epoch,
@@ -87,7 +87,7 @@ class RichProgress(ProgressCallback):
 
     def on_train_epoch_end(self, trainer: Any) -> None:
         super().on_train_epoch_end(trainer)
-        if self._progress is not None:
+        if self._progress is not None and self._epoch_task is not None:
             self._progress.update(self._epoch_task, completed=trainer.cur_epoch_idx)
 
     def on_train_end(self, trainer: Any) -> None:
@@ -112,7 +112,7 @@ class RichProgress(ProgressCallback):
 
     # ------------------------------------------------------------- drawing
     def refresh(self, trainer: Any, finished_epoch: bool) -> None:
-        if self._progress is None:
+        if self._progress is None or self._batch_task is None:
             return
         loss = self.current_loss(trainer)
         info = "" if loss is None else f"loss {format_value(loss)}"
@@ -125,7 +125,7 @@ class RichProgress(ProgressCallback):
 
     def show_results(self, trainer: Any, results: dict[str, Any]) -> None:
         text = format_results(results) or "(no results)"
-        if self._progress is not None:
+        if self._progress is not None and self._epoch_task is not None:
             # The bar shows the first few results; the full line is printed above the bars.
             shown = dict(list(results.items())[:_RESULTS_ON_BAR])
             more = " …" if len(results) > _RESULTS_ON_BAR else ""
