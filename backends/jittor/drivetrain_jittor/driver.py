@@ -1,8 +1,7 @@
-"""The single-process jittor driver and the factory the plugin points at.
+"""The single-process jittor driver (:mod:`.factory` builds it, or under ``mpirun`` the MPI one).
 
-:func:`create_driver` validates every argument up front (model, device, precision,
-framework options) so a wrong input fails when the Trainer is built. Under ``mpirun``
-it builds the MPI driver (:mod:`.distributed`) instead.
+Every argument (model, device, precision, framework options) is validated up front, by
+the factory and the constructor, so a wrong input fails when the Trainer is built.
 
 How the contract maps onto jittor:
 
@@ -28,9 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain._driver import Driver
-from drivetrain._errors import DriverError
-from drivetrain.backend import check_framework_kwargs, check_lrs, move_nested
+from drivetrain.backend import Driver, DriverError, check_framework_kwargs, check_lrs, move_nested
 
 from . import _rng
 from . import state as _state
@@ -51,53 +48,13 @@ _NOT_HERE = {
 }
 
 
-def create_driver(
-    model: Any,
-    device: Any,
-    *,
-    nproc: int | None = None,
-    precision: str = "fp32",
-    grad_clip: float | None = None,
-    grad_clip_type: str = "norm",
-    model_wo_auto_param_call: bool = False,
-    framework_kwargs: Mapping[str, Any] | None = None,
-) -> JittorSingleDriver:
-    """Build the jittor driver for ``model`` on ``device``.
-
-    Under ``mpirun`` (OpenMPI's ``OMPI_COMM_WORLD_SIZE`` in the environment) the MPI driver
-    (:class:`~drivetrain_jittor.distributed.JittorMPIDriver`) is built; ``device`` may then
-    list one device per process on this machine. Outside MPI a list of several devices or
-    ``nproc > 1`` is refused with the mpirun command to use: jittor's data parallelism is MPI.
-    """
-    check_model(model)
-    options = dict(precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
-                   model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
-    if jt.in_mpi:
-        from .distributed import JittorMPIDriver, mpi_layout
-
-        return JittorMPIDriver(model, mpi_layout(device, nproc, jt), **options)
-    if nproc is not None and nproc > 1 or isinstance(device, (list, tuple)) and len(device) > 1:
-        count = nproc if nproc is not None and nproc > 1 else len(device)
-        what = f"nproc={nproc}" if nproc is not None and nproc > 1 else f"device={list(device)!r}"
-        raise DriverError(
-            f"{what} asks for {count} processes, but jittor trains data-parallel only under MPI and cannot start "
-            f"processes itself: run `mpirun -np {count} python your_script.py` (as root add --allow-run-as-root) "
-            "and pass device='cpu' or 'cuda' (each process takes the GPU of its local rank)."
-        )
-    if isinstance(device, (list, tuple)):
-        if not device:
-            raise DriverError("device=[] lists no device; pass 'cpu' or 'cuda'.")
-        device = device[0]
-    return JittorSingleDriver(model, device, **options)
-
-
 def check_model(model: Any) -> None:
     """The jittor drivers drive ``jittor.Module`` instances; anything else is refused with the driver that fits."""
     if isinstance(model, jt.Module):
         return
     if isinstance(model, type):
         raise DriverError(f"model={model!r:.80} is a class; pass an instance, e.g. {model.__name__}().")
-    from drivetrain._plugins import available_drivers
+    from drivetrain import available_drivers
 
     fits = [spec.name for spec in available_drivers().values() if spec.name != "jittor" and spec.claims(model)]
     kind = f"a {type(model).__module__}.{type(model).__qualname__}"
@@ -206,6 +163,9 @@ class JittorSingleDriver(Driver):
                         "optimizer (use param groups for different settings)."
                     )
 
+    _buffers: list[Any] | None = None
+    """The model's Vars without gradients (buffers), found on the first backward; loading keeps their identity."""
+
     def backward(self, loss: Any) -> None:
         if not isinstance(loss, jt.Var):
             raise DriverError(
@@ -227,6 +187,15 @@ class JittorSingleDriver(Driver):
         last = len(optimizers) - 1
         for k, optimizer in enumerate(optimizers):
             optimizer.backward(loss, retain_graph=k < last)  # adds to the gradients stored in the optimizer
+        # optimizer.backward computes the gradients only; the forward's buffer updates (batch-norm running
+        # statistics) stay pending and jittor fuses them into whatever runs next, so a checkpoint or an
+        # evaluation (which read them) changed their rounding and a resumed run differed from an unbroken
+        # one. Computing them here, in every run, gives them one fixed place.
+        buffers = self._buffers
+        if buffers is None:
+            buffers = self._buffers = [v for v in self.unwrap_model().state_dict().values() if v.is_stop_grad()]
+        if buffers:
+            jt.sync(buffers)
 
     def _clip_gradients(self) -> None:
         grads = [g for opt in self.optimizers if _state.gradients_live(opt)
