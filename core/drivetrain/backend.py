@@ -3,6 +3,12 @@
 A driver in any backend (ours or a third party's) moves nested batches, validates its
 ``<framework>_kwargs`` and hands tensor bytes to the checkpoint writer. Those rules live
 here once, so every backend gives the same behaviour and the same error messages.
+
+This module is a backend's door to the core: a backend imports from ``drivetrain.backend``
+(and ``drivetrain``), never from the core's private ``drivetrain._*`` modules, which may
+change in any release (``tests/core/test_public_backend_api.py`` enforces it). ``Driver``,
+the class every driver subclasses, and ``DriverError``, the error it raises for a wrong
+argument, are here too, the same objects as ``drivetrain.Driver`` and ``drivetrain.DriverError``.
 """
 
 from __future__ import annotations
@@ -32,11 +38,11 @@ from ._distributed import (
     CollectiveGuard,
     DataSharding,
     DistributedDriverMixin,
-    DistributedError,
     reducible_array,
     settle_at_exit,
 )
-from ._errors import DriverError
+from ._driver import Driver
+from ._errors import DistributedError, DriverError
 from ._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
 from ._spawn import (
     READY_KEY,
@@ -78,6 +84,9 @@ __all__ = [
     "reducible_array",  # the numeric numpy array Driver.all_reduce can reduce, else a DriverError
     "settle_at_exit",  # a short pause at exit so gloo's threads finish before the interpreter does
     "timeout_option",  # the seconds a collective may wait: a finite number > 0
+    # the contract
+    "Driver",  # the abstract class every driver subclasses (also drivetrain.Driver)
+    "DriverError",  # what a driver raises for a wrong argument (also drivetrain.DriverError)
     # models
     "check_model_type",  # model= must be an instance of the framework's module class
     # data
@@ -143,10 +152,10 @@ def move_nested(batch: Any, is_tensor: Callable[[Any], bool], move: Callable[[An
                 changed[field.name] = moved
         if not changed:
             return batch
-        out = copy.copy(batch)  # a new instance; works for frozen dataclasses and init=False fields
+        new = copy.copy(batch)  # a new instance; works for frozen dataclasses and init=False fields
         for name, value in changed.items():
-            object.__setattr__(out, name, value)
-        return out
+            object.__setattr__(new, name, value)
+        return new
     return batch
 
 

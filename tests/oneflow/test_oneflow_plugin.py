@@ -23,7 +23,7 @@ BACKEND = os.path.join(ROOT, "backends", "oneflow")
 def test_spec_is_registered_through_the_entry_point() -> None:
     spec = available_drivers()["oneflow"]
     assert (spec.framework, spec.distribution, spec.factory) == ("oneflow", "drivetrain-oneflow",
-                                                                 "drivetrain_oneflow.driver:create_driver")
+                                                                 "drivetrain_oneflow.factory:create_driver")
     assert spec.capabilities.distributed == ("ddp",) and spec.contract_versions
     assert "Python 3.10" in spec.install_command and "oneflow==0.9.0" in spec.install_command
     assert resolve_spec("auto", tiny_net()).name == "oneflow"
@@ -81,7 +81,7 @@ def test_a_python_311_user_asking_for_oneflow_is_told_which_python_works() -> No
         "except DrivetrainError as exc:  # DriverNotFoundError: no usable oneflow on this Python\n"
         "    print('TRAINER:', exc)\n"
         "try:\n"
-        "    import drivetrain_oneflow.driver\n"
+        "    import drivetrain_oneflow.factory\n"
         "except DriverError as exc:\n"
         "    print('FACTORY:', exc)\n"
         "print('imported oneflow:', 'oneflow' in sys.modules)\n"

@@ -53,7 +53,7 @@ def test_choosing_the_driver_imports_paddle_lazily() -> None:
 def test_spec_describes_the_driver_honestly() -> None:
     spec = available_drivers()["paddle"]
     assert spec.framework == "paddle"
-    assert spec.factory == "drivetrain_paddle.driver:create_driver"
+    assert spec.factory == "drivetrain_paddle.factory:create_driver"
     assert spec.distribution == "drivetrain-paddle"
     assert spec.version() == "0.1.0"
     assert "paddlepaddle==3.3.1" in spec.install_command

@@ -48,7 +48,7 @@ def test_choosing_the_driver_imports_torch_lazily() -> None:
 def test_spec_describes_the_driver_honestly() -> None:
     spec = available_drivers()["torch"]
     assert spec.framework == "torch"
-    assert spec.factory == "drivetrain_torch.driver:create_driver"
+    assert spec.factory == "drivetrain_torch.factory:create_driver"
     assert spec.distribution == "drivetrain-torch"
     assert spec.version() == "0.1.0"
     caps = spec.capabilities

@@ -8,7 +8,7 @@ sample-exact resume and for data-parallel training the driver reads the dataset 
 ``to_jittor`` as jittor, with indices from drivetrain's
 :class:`~drivetrain.ReproducibleBatchSampler` (order fixed by a saved seed, starts
 mid-epoch in O(1); under MPI each process takes its part of every batch) or, for
-distributed evaluation, an :class:`~drivetrain._sampler.UnrepeatedBatchSampler`.
+distributed evaluation, an :class:`~drivetrain.backend.UnrepeatedBatchSampler`.
 
 Batch size under MPI follows jittor: ``batch_size`` is the global batch, and each of
 the N processes reads ``batch_size / N`` samples of it (N must divide it). Batches are
@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain._errors import DriverError
-from drivetrain._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler
+from drivetrain.backend import DriverError, ReproducibleBatchSampler, UnrepeatedBatchSampler
 
 
 class DatasetLoader:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 ACCEPTED = "'cpu', 'cuda' (aliases 'gpu', 'cuda:0', 0), or None for jittor's current setting"
 _GPU = re.compile(r"^(?:cuda|gpu)(?::(\d+))?$")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 _REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 _ENGINE_SYMBOL = "_ZN6jittor3engE"  # jittor::eng, a std::unique_ptr<std::default_random_engine>
 _MODULUS = 2147483647  # minstd_rand0's modulus: a state is in [1, _MODULUS)

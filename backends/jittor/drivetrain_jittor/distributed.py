@@ -36,8 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain._dataloaders import OverfitLoader
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError, OverfitLoader
 
 from . import _mpi
 from ._dataloader import (

@@ -51,7 +51,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
         DriverSpec(
             name="jittor",
             framework="jittor",
-            factory="drivetrain_jittor.driver:create_driver",
+            factory="drivetrain_jittor.factory:create_driver",
             model_modules=("jittor",),
             capabilities=CAPABILITIES,
             distribution="drivetrain-jittor",

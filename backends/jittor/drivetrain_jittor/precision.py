@@ -21,7 +21,7 @@ import contextlib
 import warnings
 from typing import Any
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 AMP_LEVELS = (4, 5, 6)
 AMP_OPTION = "amp_level"

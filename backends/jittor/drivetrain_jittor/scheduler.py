@@ -17,7 +17,7 @@ import math
 import numbers
 from typing import Any
 
-from drivetrain._errors import ConfigurationError
+from drivetrain import ConfigurationError
 
 
 def _plain(value: Any) -> bool:

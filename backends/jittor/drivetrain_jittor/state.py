@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 import safetensors
 
-from drivetrain._errors import DriverError
-from drivetrain.backend import check_state_names, listed_names
+from drivetrain.backend import DriverError, check_state_names, listed_names
 
 _ZERO_FLAG = "_Optimizer__zero_grad"
 """jittor's private flag: True when the optimizer's stored gradients are stale (after zero_grad/step)."""

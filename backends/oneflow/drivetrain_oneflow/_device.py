@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 import oneflow as flow
 
-from drivetrain._errors import DriverError
-from drivetrain.backend import move_nested
+from drivetrain.backend import DriverError, move_nested
 
 ACCEPTED = (
     "'cpu', 'cuda', 'cuda:N', 'gpu', 'gpu:N', an int N (meaning cuda:N), a oneflow.device, "

@@ -25,9 +25,9 @@ from typing import Any
 
 import oneflow as flow
 
-from drivetrain._errors import DriverError
 from drivetrain.backend import (
     SPAWN_PARENT_ENV,
+    DriverError,
     check_layout_arguments,
     check_process_count,
     choice_option,

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import oneflow as flow
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 from ._mt19937 import N, temper, twist, untwist
 

@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 import oneflow as flow
 
-from drivetrain._errors import DriverError
-from drivetrain.backend import DataSharding, DistributedDriverMixin, reducible_array
+from drivetrain.backend import DataSharding, DistributedDriverMixin, DriverError, reducible_array
 
 from . import state as _state
 from ._dataloader import describe_sampling, reproducible_dataloader, unrepeated_dataloader

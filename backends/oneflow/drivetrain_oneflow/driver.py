@@ -1,8 +1,9 @@
-"""The single-process oneflow driver and the factory the plugin points at.
+"""The single-process oneflow driver (:mod:`.factory` builds it, or the distributed one).
 
-:func:`create_driver` first checks that this Python and this oneflow can work at all
-(:mod:`._compat`, before oneflow is imported), then validates every argument (device,
-model, precision, ``oneflow_kwargs``) so a wrong input fails when the Trainer is built.
+Importing this module first checks that this Python and this oneflow can work at all
+(:mod:`._compat`, before oneflow is imported); the factory and the constructor then
+validate every argument (device, model, precision, ``oneflow_kwargs``) so a wrong input
+fails when the Trainer is built.
 A CUDA device is checked for availability before anything is moved: oneflow 0.9
 aborts the process on a ``.to("cuda")`` it cannot honour.
 """
@@ -13,7 +14,7 @@ from ._compat import runtime_problem
 
 _problem = runtime_problem()
 if _problem is not None:  # before importing oneflow: on Python 3.11 that import fails obscurely
-    from drivetrain._errors import DriverError
+    from drivetrain.backend import DriverError
 
     raise DriverError(_problem)
 
@@ -24,9 +25,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import oneflow as flow  # noqa: E402
 
-from drivetrain._driver import Driver  # noqa: E402
-from drivetrain._errors import DriverError  # noqa: E402
-from drivetrain.backend import check_framework_kwargs, check_lrs, check_model_type  # noqa: E402
+from drivetrain.backend import Driver, DriverError, check_framework_kwargs, check_lrs, check_model_type  # noqa: E402
 
 from . import _rng  # noqa: E402
 from . import state as _state  # noqa: E402
@@ -39,45 +38,6 @@ FRAMEWORK_KWARGS = {
     "grad_scaler_kwargs": "dict for the fp16 loss scaler on CUDA (" + ", ".join(SCALER_KWARGS) + ")",
 }
 _DISTRIBUTED_ONLY_KWARGS = ("ddp_kwargs", "timeout", "even_batches", "spawn_output")
-
-
-def create_driver(
-    model: Any,
-    device: Any,
-    *,
-    nproc: int | None = None,
-    precision: str = "fp32",
-    grad_clip: float | None = None,
-    grad_clip_type: str = "norm",
-    model_wo_auto_param_call: bool = False,
-    framework_kwargs: Mapping[str, Any] | None = None,
-) -> OneflowSingleDriver:
-    """Build the oneflow driver for ``model`` on ``device`` (see :mod:`._device` for devices).
-
-    The distributed driver (:class:`~drivetrain_oneflow.distributed.OneflowDDPDriver`) is chosen
-    under ``oneflow.distributed.launch`` (``WORLD_SIZE > 1``) and in processes the Trainer
-    started; ``nproc > 1`` or a list of several devices in a plain ``python train.py`` makes
-    this process start and supervise the workers (:mod:`._launch`), and it never returns.
-    """
-    check_model(model)
-    if framework_kwargs is not None and not isinstance(framework_kwargs, Mapping):
-        _check_framework_kwargs(framework_kwargs, FRAMEWORK_KWARGS)
-    from ._dist_plan import plan_distributed
-
-    plan = plan_distributed(model, device, nproc, framework_kwargs or {})
-    options = dict(precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
-                   model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
-    if plan is not None and plan.launch == "spawn":
-        from ._launch import supervise
-
-        supervise(plan)  # exits this process with the workers' verdict
-    if plan is not None:
-        from .distributed import OneflowDDPDriver
-
-        return OneflowDDPDriver(model, plan, **options)
-    if isinstance(device, (list, tuple)):
-        device = device[0]
-    return OneflowSingleDriver(model, device, **options)
 
 
 def check_model(model: Any) -> None:

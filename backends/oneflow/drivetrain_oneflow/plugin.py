@@ -48,7 +48,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
         DriverSpec(
             name="oneflow",
             framework="oneflow",
-            factory="drivetrain_oneflow.driver:create_driver",
+            factory="drivetrain_oneflow.factory:create_driver",
             model_modules=("oneflow",),
             capabilities=CAPABILITIES,
             distribution="drivetrain-oneflow",

@@ -22,7 +22,7 @@ from typing import Any
 
 import oneflow as flow
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 _DTYPES = {"fp16": flow.float16, "bf16": flow.bfloat16}
 SCALER_KWARGS = {

@@ -22,8 +22,7 @@ import numpy as np
 import oneflow as flow
 import safetensors
 
-from drivetrain._errors import DriverError
-from drivetrain.backend import array_buffer, check_state_names, listed_names
+from drivetrain.backend import DriverError, array_buffer, check_state_names, listed_names
 
 _TAGS: dict[Any, str] = {
     flow.float64: "F64", flow.float32: "F32", flow.float16: "F16", flow.bfloat16: "BF16",

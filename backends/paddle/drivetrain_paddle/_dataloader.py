@@ -26,8 +26,7 @@ import numpy as np
 import paddle
 from paddle.io import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequenceSampler
 
-from drivetrain._errors import DriverError
-from drivetrain._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler
+from drivetrain.backend import DriverError, ReproducibleBatchSampler, UnrepeatedBatchSampler
 
 _COPIED = ("feed_list", "return_list", "collate_fn", "num_workers", "use_buffer_reader", "reader_buffer_size",
            "prefetch_factor", "use_shared_memory", "timeout", "worker_init_fn")

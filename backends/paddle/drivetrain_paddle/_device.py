@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from drivetrain._errors import DriverError
-from drivetrain.backend import move_nested
+from drivetrain.backend import DriverError, move_nested
 
 from .plugin import TESTED_PADDLE
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import paddle
 
-from drivetrain._errors import DriverError
 from drivetrain.backend import DistPlan as _CorePlan
 from drivetrain.backend import (
+    DriverError,
     bool_option,
     check_layout_arguments,
     check_process_count,
@@ -140,7 +140,7 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
 
 # ----------------------------------------------------------------------------- layouts
 def _existing_plan(model: Any, inner: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan:
-    import paddle.distributed as dist
+    from paddle import distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
     check_process_count(nproc, world, "the world size of the parallel environment you initialised",

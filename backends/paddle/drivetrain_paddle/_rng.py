@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 _State = paddle.base.libpaddle.GeneratorState
 

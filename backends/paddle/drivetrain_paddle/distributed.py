@@ -38,7 +38,6 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from drivetrain._errors import DriverError
 from drivetrain.backend import (
     COMM_ERROR_MARKERS,
     CheckedStore,
@@ -46,6 +45,7 @@ from drivetrain.backend import (
     DataSharding,
     DistributedDriverMixin,
     DistributedError,
+    DriverError,
     FailureBoard,
     reducible_array,
     settle_at_exit,

@@ -1,8 +1,8 @@
-"""The single-process paddle driver and the factory the plugin points at.
+"""The single-process paddle driver (:mod:`.factory` builds it, or the distributed one).
 
-:func:`create_driver` validates every argument up front (device, model, precision,
-framework options) so a wrong input fails when the Trainer is built, not in the
-middle of the first epoch. The per-batch methods (``move_data_to_device``,
+Every argument (device, model, precision, framework options) is validated up front, by
+the factory and the constructor, so a wrong input fails when the Trainer is built, not
+in the middle of the first epoch. The per-batch methods (``move_data_to_device``,
 ``auto_cast``, ``backward``, ``step``, ``zero_grad``) do as little as possible.
 
 paddle keeps a process-wide current device: :meth:`PaddleSingleDriver.setup` sets it
@@ -19,9 +19,14 @@ from typing import Any
 import numpy as np
 import paddle
 
-from drivetrain._driver import Driver
-from drivetrain._errors import DriverError
-from drivetrain.backend import bool_option, check_framework_kwargs, check_lrs, check_model_type
+from drivetrain.backend import (
+    Driver,
+    DriverError,
+    bool_option,
+    check_framework_kwargs,
+    check_lrs,
+    check_model_type,
+)
 
 from . import _rng
 from . import state as _state
@@ -43,44 +48,6 @@ FRAMEWORK_KWARGS: dict[str, str] = {
 _SCALER_KEYS = frozenset(SCALER_KWARGS)
 
 _LOW_PRECISION_FLOATS = (paddle.float16, paddle.bfloat16)
-
-
-def create_driver(
-    model: Any,
-    device: Any,
-    *,
-    nproc: int | None = None,
-    precision: str = "fp32",
-    grad_clip: float | None = None,
-    grad_clip_type: str = "norm",
-    model_wo_auto_param_call: bool = False,
-    framework_kwargs: Mapping[str, Any] | None = None,
-) -> PaddleSingleDriver:
-    """Build the paddle driver for ``model`` on ``device`` (see :mod:`drivetrain_paddle._device` for devices).
-
-    ``framework_kwargs`` holds paddle-only options (:data:`FRAMEWORK_KWARGS`, plus
-    :data:`~drivetrain_paddle._dist_plan.DIST_KWARGS` when distributed); the Trainer's
-    ``paddle_kwargs=`` arrives here under that name. The distributed driver
-    (:class:`~drivetrain_paddle.distributed.PaddleDataParallelDriver`) is chosen when the
-    parallel environment is already initialised, under paddle's launcher with more than
-    one process, for a list of several devices, or for ``nproc > 1``; otherwise one
-    process drives one device (a one-element device list means that device).
-    """
-    _check_model(model)
-    if framework_kwargs is not None and not isinstance(framework_kwargs, Mapping):
-        _check_framework_kwargs(framework_kwargs, FRAMEWORK_KWARGS)
-    from ._dist_plan import plan_distributed
-
-    plan = plan_distributed(model, device, nproc, framework_kwargs or {})
-    options = dict(precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
-                   model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
-    if plan is not None:
-        from .distributed import PaddleDataParallelDriver
-
-        return PaddleDataParallelDriver(model, plan, **options)
-    if isinstance(device, (list, tuple)):
-        device = device[0]
-    return PaddleSingleDriver(model, device, **options)
 
 
 def _check_model(model: Any) -> None:

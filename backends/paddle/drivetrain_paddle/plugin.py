@@ -45,7 +45,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
         DriverSpec(
             name="paddle",
             framework="paddle",
-            factory="drivetrain_paddle.driver:create_driver",
+            factory="drivetrain_paddle.factory:create_driver",
             model_modules=("paddle",),
             capabilities=CAPABILITIES,
             distribution="drivetrain-paddle",

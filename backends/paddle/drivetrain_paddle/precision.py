@@ -23,7 +23,7 @@ from typing import Any
 
 import paddle
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 from ._device import Device
 

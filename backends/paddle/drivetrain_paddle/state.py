@@ -29,8 +29,7 @@ import numpy as np
 import paddle
 import safetensors
 
-from drivetrain._errors import DriverError
-from drivetrain.backend import check_state_names, listed_names
+from drivetrain.backend import DriverError, check_state_names, listed_names
 
 # paddle dtype -> safetensors tag; numpy has no bfloat16/float8, paddle hands those over as
 # uint16/int8 arrays holding the same bits.

@@ -27,7 +27,7 @@ from typing import Any
 import paddle
 from paddle.static import InputSpec
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 try:  # the class paddle.jit.to_static puts in place of forward
     from paddle.jit.dy2static.program_translator import StaticFunction

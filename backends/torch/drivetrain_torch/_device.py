@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from drivetrain._errors import DriverError
-from drivetrain.backend import move_nested
+from drivetrain.backend import DriverError, move_nested
 
 ACCEPTED = (
     "'cpu', 'cuda', 'cuda:N', 'gpu', 'gpu:N', an int N (meaning cuda:N), a torch.device, "

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from drivetrain._errors import DriverError
 from drivetrain.backend import (
     SPAWN_PARENT_ENV,
+    DriverError,
     bool_option,
     check_layout_arguments,
     check_process_count,
@@ -85,7 +85,7 @@ class _Env:
 def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
     """The distributed layout asked for, or None for one process (the single-device driver)."""
     listed = check_layout_arguments(nproc, device)
-    import torch.distributed as dist
+    from torch import distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return _existing_plan(model, device, nproc, options)
@@ -121,7 +121,7 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
 
 # ----------------------------------------------------------------------------- layouts
 def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan:
-    import torch.distributed as dist
+    from torch import distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
     check_process_count(nproc, world, "the world size of the process group you initialised", start=_TORCHRUN_START)

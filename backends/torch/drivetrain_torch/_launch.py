@@ -24,7 +24,7 @@ def torch_relaunch_command(**kwargs: Any) -> list[str]:
 
 def start_children(world_size: int, timeout: float, output: str, command: list[str]) -> tuple[Launcher, Any]:
     """Host the rendezvous store, start ranks 1..N-1 with torchrun's variables; return the launcher and store."""
-    import torch.distributed as dist
+    from torch import distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
                           timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 
 def rng_state() -> dict[str, Any]:

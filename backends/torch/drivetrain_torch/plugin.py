@@ -36,7 +36,7 @@ def drivetrain_driver_specs() -> list[DriverSpec]:
         DriverSpec(
             name="torch",
             framework="torch",
-            factory="drivetrain_torch.driver:create_driver",
+            factory="drivetrain_torch.factory:create_driver",
             model_modules=("torch",),
             capabilities=CAPABILITIES,
             distribution="drivetrain-torch",

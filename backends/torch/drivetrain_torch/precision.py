@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from drivetrain._errors import DriverError
+from drivetrain.backend import DriverError
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SCALER_KWARGS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")

@@ -17,8 +17,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from drivetrain._errors import DriverError
-from drivetrain.backend import array_buffer, check_state_names, listed_names
+from drivetrain.backend import DriverError, array_buffer, check_state_names, listed_names
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
