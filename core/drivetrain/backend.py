@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
-import numbers
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
 
+from ._backend_checks import bool_option, check_framework_kwargs, check_lrs, check_model_type
 from ._checkpoint.safetensors_writer import array_buffer
 from ._dataloaders import OverfitLoader
 from ._dist_options import (
@@ -43,6 +42,7 @@ from ._distributed import (
 )
 from ._driver import Driver
 from ._errors import DistributedError, DriverError
+from ._module_driver import NULL_CONTEXT, ModuleDriver
 from ._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
 from ._spawn import (
     READY_KEY,
@@ -87,6 +87,8 @@ __all__ = [
     # the contract
     "Driver",  # the abstract class every driver subclasses (also drivetrain.Driver)
     "DriverError",  # what a driver raises for a wrong argument (also drivetrain.DriverError)
+    "ModuleDriver",  # the template of a driver for a framework with modules, optimizers and dataloaders
+    "NULL_CONTEXT",  # one shared no-op context manager, for auto_cast / no_sync on the hot path
     # models
     "check_model_type",  # model= must be an instance of the framework's module class
     # data
@@ -159,44 +161,6 @@ def move_nested(batch: Any, is_tensor: Callable[[Any], bool], move: Callable[[An
     return batch
 
 
-def check_framework_kwargs(
-    value: Any,
-    accepted: Mapping[str, str],
-    *,
-    argument: str,
-    not_here: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Validate a driver's ``<framework>_kwargs`` and return it as a new dict.
-
-    ``accepted`` maps each option to a few words on what it does (they go into the
-    error). ``not_here`` maps options that exist elsewhere (say, only for distributed
-    training) to the sentence explaining why they do not apply to this driver.
-    """
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise DriverError(f"{argument}={value!r} must be a dict or None; accepted keys: {sorted(accepted)}.")
-    for key in value:
-        if key in accepted:
-            continue
-        if not_here and key in not_here:
-            raise DriverError(f"{argument}[{key!r}] {not_here[key]}")
-        described = "; ".join(f"{name}: {what}" for name, what in accepted.items()) or "none"
-        raise DriverError(f"{argument}[{key!r}] is not an option of this driver; accepted: {described}.")
-    return dict(value)
-
-
-def check_model_type(model: Any, module_type: type, *, driver: str, expected: str) -> None:
-    """Refuse a ``model`` that is not a ``module_type`` (``expected`` names it, e.g. ``"torch.nn.Module"``)."""
-    if not isinstance(model, module_type):
-        kind = (
-            "a class; pass an instance, e.g. MyNet()"
-            if isinstance(model, type)
-            else f"a {type(model).__module__}.{type(model).__qualname__}"
-        )
-        raise DriverError(f"model={model!r:.80} is {kind}; the {driver} driver needs a {expected}.")
-
-
 _MAX_LISTED = 10
 
 
@@ -232,31 +196,3 @@ def check_state_names(state: Any, expected: Any, owner: str, hint: str = "") -> 
         )
 
 
-def bool_option(options: Mapping[str, Any], key: str, default: bool, *, argument: str) -> bool:
-    """``options[key]`` (or ``default``), refusing anything but a real bool: ``"False"`` is truthy."""
-    value = options.get(key, default)
-    if not isinstance(value, bool):
-        raise DriverError(f"{argument}[{key!r}]={value!r} must be True or False.")
-    return value
-
-
-def check_lrs(lrs: Any, groups: list[int]) -> list[list[float]]:
-    """``Driver.set_lrs``' argument as floats, refused unless it fits ``groups`` (param groups per optimizer).
-
-    ``lrs`` must hold one list per optimizer, each with one finite number >= 0 per param
-    group, the shape ``Driver.get_lrs`` returns.
-    """
-    shape = f"one list per optimizer ({len(groups)} here), each with one rate per param group ({groups} here)"
-    if not isinstance(lrs, (list, tuple)) or len(lrs) != len(groups):
-        raise DriverError(f"set_lrs(lrs={lrs!r:.80}) needs {shape}, as get_lrs() returns.")
-    out: list[list[float]] = []
-    for i, (rates, count) in enumerate(zip(lrs, groups, strict=True)):
-        if not isinstance(rates, (list, tuple)) or len(rates) != count:
-            raise DriverError(f"set_lrs: lrs[{i}]={rates!r:.80} does not fit; lrs needs {shape}.")
-        row = []
-        for j, rate in enumerate(rates):
-            if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) or rate < 0:
-                raise DriverError(f"set_lrs: lrs[{i}][{j}]={rate!r} is not a learning rate; pass a finite number >= 0.")
-            row.append(float(rate))
-        out.append(row)
-    return out

@@ -1,0 +1,283 @@
+"""The shared skeleton of a driver for a framework with modules, optimizers and dataloaders.
+
+torch, paddle, jittor and oneflow drive their models the same way: a module with
+``train()``/``eval()``, optimizers over parameter groups, a loss tensor to run
+backward on, a DataLoader over a Dataset, tensors saved without pickle. What differs
+is small: the framework's types, how a tensor becomes numpy, how gradients are clipped
+and scaled, how state is read. :class:`ModuleDriver` holds the common part once; a
+backend subclasses it, names its types in class attributes and implements the few
+hooks marked *framework*. Everything a hook does not cover stays overridable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from types import ModuleType
+from typing import Any
+
+from ._backend_checks import check_framework_kwargs, check_lrs, check_model_type
+from ._driver import Driver
+from ._errors import DriverError
+
+
+class ModuleDriver(Driver):
+    """A single-process driver template: subclass it, set the class attributes, implement the hooks.
+
+    Class attributes a backend sets:
+
+    - ``framework``: the framework's module (``torch``), for its version and messages.
+    - ``module_type``, ``optimizer_type``, ``tensor_type``, ``dataloader_type``,
+      ``dataset_type``: the framework's classes the driver accepts or recognises.
+    - ``accepted_kwargs``: ``{option: meaning}`` of ``<name>_kwargs``.
+    - ``distributed_only_kwargs``: options that only a distributed run accepts (refused here
+      with a hint to train distributed: ``distributed_hint``).
+    - ``optimizer_example`` / ``dataloader_example``: code shown in error messages.
+    - ``state_ops``: the backend's state module, with ``model_state(model)``,
+      ``load_model_state(model, state)``, ``tensor_buffer(tensor)``,
+      ``tensors_from_bytes(data)``, ``gradient_state(model)``,
+      ``load_gradient_state(model, grads)`` and ``optimizer_state_for_load(state, where)``.
+    - ``optimizer_load_errors``: the exceptions a framework's ``load_state_dict`` raises for
+      a state of other parameter groups (reported with the fix).
+
+    Hooks (framework): :meth:`resolve_device`, :meth:`configure`, :meth:`no_grad`,
+    :meth:`optimizer_params`, :meth:`loss_requires_grad`, :meth:`run_backward`,
+    :meth:`clip_gradients`, :meth:`move_data_to_device`, :meth:`tensor_to_numpy`,
+    :meth:`reproducible_dataloader`, :meth:`seed`, :meth:`rng_state`, :meth:`load_rng_state`.
+    """
+
+    framework: ModuleType
+    module_type: type
+    module_name: str = "module"
+    """How messages name ``module_type`` (``"torch.nn.Module"``)."""
+    optimizer_type: type
+    optimizer_name: str = "optimizer"
+    """How messages name ``optimizer_type`` (``"torch.optim.Optimizer"``)."""
+    tensor_type: type | tuple[type, ...]
+    dataloader_type: type | None = None
+    dataset_type: type | None = None
+    accepted_kwargs: Mapping[str, str] = {}
+    distributed_only_kwargs: tuple[str, ...] = ()
+    distributed_hint: str = "train distributed"
+    optimizer_example: str = "an optimizer over model.parameters()"
+    dataloader_example: str = "a DataLoader(dataset, batch_size=32, shuffle=True)"
+    state_ops: Any = None
+    optimizer_load_errors: tuple[type[BaseException], ...] = (ValueError,)
+
+    def __init__(self, model: Any, device: Any, *, precision: str = "fp32", grad_clip: float | None = None,
+                 grad_clip_type: str = "norm", model_wo_auto_param_call: bool = False,
+                 framework_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.check_model(model)
+        super().__init__(model, precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
+                         model_wo_auto_param_call=model_wo_auto_param_call)
+        options = self.check_options(framework_kwargs)
+        self.device = self.resolve_device(device, model)
+        self.configure(options)
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def check_model(cls, model: Any) -> None:
+        """Refuse a model that is not the framework's module type, naming what it is."""
+        check_model_type(model, cls.module_type, driver=cls.name, expected=cls.module_name)
+
+    @classmethod
+    def check_options(cls, framework_kwargs: Any, accepted: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """``<name>_kwargs`` checked against ``accepted`` (default: this driver's options)."""
+        accepted = cls.accepted_kwargs if accepted is None else accepted
+        not_here = {key: f"applies to distributed {cls.name} training, but this run is a single process; remove "
+                         f"it, or {cls.distributed_hint}."
+                    for key in cls.distributed_only_kwargs if key not in accepted}
+        return check_framework_kwargs(framework_kwargs, accepted, argument=f"{cls.name}_kwargs", not_here=not_here)
+
+    def resolve_device(self, device: Any, model: Any) -> Any:
+        """(framework) The device ``device`` names, checked; raise a DriverError naming what is accepted."""
+        raise NotImplementedError
+
+    def configure(self, options: dict[str, Any]) -> None:
+        """(framework) Apply the checked ``<name>_kwargs`` (precision machinery, per-batch settings)."""
+
+    # ----------------------------------------------------------------- model
+    def setup(self) -> None:
+        """Move the model to the driver's device (parameters keep their identity, so optimizers stay valid)."""
+        self.model.to(self.device)
+
+    def set_model_mode(self, mode: str) -> None:
+        if mode == "train":
+            self.model.train()
+        elif mode == "eval":
+            self.model.eval()
+        else:
+            raise DriverError(f"set_model_mode(mode={mode!r}) accepts 'train' or 'eval'.")
+
+    # ---------------------------------------------------------- optimisation
+    def optimizer_params(self, optimizer: Any) -> list[Any]:
+        """(framework) The parameters ``optimizer`` updates, in order."""
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def _check_optimizer(self, optimizer: Any) -> str | None:
+        if isinstance(optimizer, type):
+            return f"is a class, not an optimizer; create one from the model's parameters, e.g. {self.optimizer_example}."
+        if not isinstance(optimizer, self.optimizer_type):
+            framework = (type(optimizer).__module__ or "").split(".")[0]
+            origin = f" (a {framework} object)" if framework and framework not in ("builtins", self.name) else ""
+            return (f"is not a {self.optimizer_name}{origin}; the {self.name} driver needs a {self.name} optimizer, "
+                    f"e.g. {self.optimizer_example}.")
+        own = {id(p) for p in self.unwrap_model().parameters()}
+        params = self.optimizer_params(optimizer)
+        if params and not any(id(p) in own for p in params):
+            return (
+                f"none of its {len(params)} parameter(s) belong to the model {type(self.unwrap_model()).__name__}, "
+                "so stepping it would never change the model. Was it built from another model instance (e.g. "
+                "before the model was re-created or deep-copied)? Build it from this model's parameters."
+            )
+        return None
+
+    def loss_requires_grad(self, loss: Any) -> bool:
+        """(framework) Whether backward from ``loss`` reaches trainable parameters."""
+        return bool(loss.requires_grad)
+
+    def run_backward(self, loss: Any) -> None:
+        """(framework) Backward from a checked loss (scaled first under fp16)."""
+        loss.backward()
+
+    def backward(self, loss: Any) -> None:
+        if not isinstance(loss, self.tensor_type) or not self.loss_requires_grad(loss):
+            self.raise_bad_loss(loss)
+        self.run_backward(loss)
+
+    def raise_bad_loss(self, loss: Any) -> None:
+        """The error for a loss that is not a tensor, has more than one element, or has no gradient path."""
+        if not isinstance(loss, self.tensor_type):
+            raise DriverError(
+                f"the model's output 'loss' is a {type(loss).__name__} ({loss!r:.60}), not a {self.name} tensor; "
+                "return the loss tensor itself (do not call .item() or float() on it)."
+            )
+        raise DriverError(
+            "the model's output 'loss' does not require grad: did you compute it under no_grad or detach it? "
+            "(Also check that the model has trainable parameters.)"
+        )
+
+    def check_single_value(self, loss: Any) -> None:
+        """A loss with several elements cannot be backpropagated: say how to reduce it."""
+        if loss.numel() != 1:
+            raise self.multi_value_error(loss)
+
+    @staticmethod
+    def multi_value_error(loss: Any) -> DriverError:
+        return DriverError(
+            f"the model's output 'loss' has shape {tuple(int(d) for d in loss.shape)}; backward needs a single number: "
+            "reduce it in the model, e.g. loss.mean()."
+        )
+
+    def clip_gradients(self, params: list[Any]) -> None:
+        """(framework) Clip the gradients of ``params`` to ``grad_clip`` by norm or by value."""
+        raise NotImplementedError
+
+    def trainable_params(self) -> list[Any]:
+        """Every parameter of every optimizer, for clipping."""
+        return [p for optimizer in self.optimizers for p in self.optimizer_params(optimizer)]
+
+    def step(self) -> None:
+        if self.grad_clip is not None:
+            self.clip_gradients(self.trainable_params())
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad()
+
+    def get_lrs(self) -> list[list[float]]:
+        return [[float(group["lr"]) for group in optimizer.param_groups] for optimizer in self.optimizers]
+
+    def set_lrs(self, lrs: list[list[float]]) -> None:
+        checked = check_lrs(lrs, [len(optimizer.param_groups) for optimizer in self.optimizers])
+        for optimizer, rates in zip(self.optimizers, checked, strict=True):
+            for group, lr in zip(optimizer.param_groups, rates, strict=True):
+                self.set_group_lr(group, lr)
+
+    def set_group_lr(self, group: Any, lr: float) -> None:
+        """Write one param group's learning rate (a tensor rate is filled in place by the torch driver)."""
+        group["lr"] = lr
+
+    # ------------------------------------------------------------------ data
+    def is_tensor(self, obj: Any) -> bool:
+        return isinstance(obj, self.tensor_type)
+
+    def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
+        if self.dataloader_type is not None and isinstance(dataloader, self.dataloader_type):
+            return
+        if self.dataset_type is not None and isinstance(dataloader, self.dataset_type) and not hasattr(
+                dataloader, "__iter__"):
+            raise DriverError(
+                f"{argument}={type(dataloader).__name__} is a Dataset, not a dataloader; wrap it, e.g. "
+                f"{self.dataloader_example}."
+            )
+        super().check_dataloader_legality(dataloader, argument)
+
+    def reproducible_dataloader(self, dataloader: Any) -> Any:
+        """(framework) ``dataloader`` with a :class:`~drivetrain.ReproducibleBatchSampler`, or as is."""
+        return dataloader
+
+    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
+        """A dataloader that resumes sample-exactly when ``reproducible``; sharding is the distributed driver's."""
+        if dist not in (None, "train", "eval"):
+            raise DriverError(f"set_dist_repro_dataloader(dist={dist!r}): use None, 'train' or 'eval'.")
+        if dist is not None or not reproducible:
+            return dataloader
+        return self.reproducible_dataloader(dataloader)
+
+    # ----------------------------------------------------------------- state
+    def model_state(self) -> dict[str, Any]:
+        return dict(self.state_ops.model_state(self.unwrap_model()))
+
+    def load_model_state(self, state: Mapping[str, Any]) -> None:
+        self.state_ops.load_model_state(self.unwrap_model(), state)
+
+    def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
+        return self.state_ops.tensor_buffer(tensor)
+
+    def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
+        return dict(self.state_ops.tensors_from_bytes(data))
+
+    def gradient_state(self) -> dict[str, Any]:
+        return dict(self.state_ops.gradient_state(self.unwrap_model()))
+
+    def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
+        self.state_ops.load_gradient_state(self.unwrap_model(), grads)
+
+    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
+        """Load ``state`` after restoring what saving changed (int parameter keys), naming the fix on a mismatch."""
+        prepared = self.state_ops.optimizer_state_for_load(state, where)
+        try:
+            optimizer.load_state_dict(prepared)
+        except self.optimizer_load_errors as exc:
+            raise DriverError(
+                f"load_optimizer_states: {exc}; build the optimizers over the same parameters, in the same "
+                "groups, as the run that saved the checkpoint."
+            ) from exc
+
+    def precision_state(self) -> Any:
+        precision = getattr(self, "_precision", None)
+        return None if precision is None else precision.state()
+
+    def load_precision_state(self, state: Any) -> None:
+        precision = getattr(self, "_precision", None)
+        if precision is not None:
+            precision.load_state(state)
+
+    def framework_version(self) -> str:
+        return str(self.framework.__version__)
+
+    def describe(self) -> str:
+        return (f"{self.name} driver ({type(self).__qualname__}) device={self.device} precision={self.precision} "
+                f"{self.name}={self.framework_version()}")
+
+
+def params_with_grad(params: Iterable[Any], grad_of: Callable[[Any], Any] = lambda p: p.grad) -> list[Any]:
+    """The parameters that have a gradient (clipping skips the others)."""
+    return [p for p in params if grad_of(p) is not None]
+
+
+NULL_CONTEXT = contextlib.nullcontext()
+"""One shared no-op context (``auto_cast`` in full precision), so the hot path allocates none."""
