@@ -41,6 +41,7 @@ from ._distributed import (
     settle_at_exit,
 )
 from ._driver import Driver
+from ._driver_factory import module_driver_factory
 from ._errors import DistributedError, DriverError
 from ._module_driver import NULL_CONTEXT, ModuleDriver
 from ._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
@@ -89,6 +90,7 @@ __all__ = [
     "DriverError",  # what a driver raises for a wrong argument (also drivetrain.DriverError)
     "ModuleDriver",  # the template of a driver for a framework with modules, optimizers and dataloaders
     "NULL_CONTEXT",  # one shared no-op context manager, for auto_cast / no_sync on the hot path
+    "module_driver_factory",  # the plugin's create_driver for a ModuleDriver backend, given its distributed choice
     # models
     "check_model_type",  # model= must be an instance of the framework's module class
     # data

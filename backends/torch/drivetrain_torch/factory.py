@@ -7,45 +7,30 @@ builds on :mod:`.driver`, and only this module knows both. The distributed modul
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from .driver import FRAMEWORK_KWARGS, TorchSingleDriver, _check_framework_kwargs, check_model
+from drivetrain.backend import Driver, module_driver_factory
+
+from .driver import TorchSingleDriver
 
 
-def create_driver(
-    model: Any,
-    device: Any,
-    *,
-    nproc: int | None = None,
-    precision: str = "fp32",
-    grad_clip: float | None = None,
-    grad_clip_type: str = "norm",
-    model_wo_auto_param_call: bool = False,
-    framework_kwargs: Mapping[str, Any] | None = None,
-) -> TorchSingleDriver:
-    """Build the torch driver for ``model`` on ``device`` (see :mod:`drivetrain_torch._device` for devices).
-
-    ``framework_kwargs`` holds torch-only options (:data:`.driver.FRAMEWORK_KWARGS`, plus
-    :data:`~drivetrain_torch._dist_plan.DIST_KWARGS` when distributed); the Trainer's
-    ``torch_kwargs=`` arrives here under that name. The distributed driver
-    (:class:`~drivetrain_torch.distributed.TorchDDPDriver`) is chosen when the process
-    group is already initialised, under torchrun with ``WORLD_SIZE > 1``, for a list of
-    several devices, or for ``nproc > 1``; otherwise one process drives one device (a
-    one-element device list means that device).
-    """
-    check_model(model)
-    if framework_kwargs is not None and not isinstance(framework_kwargs, Mapping):
-        _check_framework_kwargs(framework_kwargs, FRAMEWORK_KWARGS)
+def _distributed(model: Any, device: Any, nproc: int | None, options: dict[str, Any]) -> Driver | None:
+    """The DDP driver when the process group is already initialised, under torchrun with ``WORLD_SIZE > 1``,
+    for a list of several devices, or for ``nproc > 1``; None for one process on one device."""
     from ._dist_plan import plan_distributed
 
-    plan = plan_distributed(model, device, nproc, framework_kwargs or {})
-    options = dict(precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
-                   model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
-    if plan is not None:
-        from .distributed import TorchDDPDriver
+    plan = plan_distributed(model, device, nproc, options["framework_kwargs"] or {})
+    if plan is None:
+        return None
+    from .distributed import TorchDDPDriver
 
-        return TorchDDPDriver(model, plan, **options)
-    if isinstance(device, (list, tuple)):
-        device = device[0]
-    return TorchSingleDriver(model, device, **options)
+    return TorchDDPDriver(model, plan, **options)
+
+
+create_driver = module_driver_factory(TorchSingleDriver, _distributed)
+"""Build the torch driver for ``model`` on ``device`` (see :mod:`drivetrain_torch._device` for devices).
+
+``framework_kwargs`` holds torch-only options (:data:`.driver.FRAMEWORK_KWARGS`, plus
+:data:`~drivetrain_torch._dist_plan.DIST_KWARGS` when distributed); the Trainer's
+``torch_kwargs=`` arrives here under that name.
+"""

@@ -1,0 +1,58 @@
+"""The ``create_driver`` a plugin points at, written once for every :class:`ModuleDriver` backend.
+
+Every backend's factory did the same: check the model and the shape of ``<name>_kwargs``,
+ask whether this run is distributed (a launcher's environment, ``nproc``, a device
+list), build that driver or the single-process one on the first listed device. Only
+the distributed question is the backend's own: it passes it as ``distributed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._driver import Driver
+from ._errors import DriverError
+from ._module_driver import ModuleDriver
+
+DistributedChoice = Callable[[Any, Any, "int | None", dict[str, Any]], "Driver | None"]
+"""``distributed(model, device, nproc, options) -> Driver | None``: the distributed driver, or None for one process.
+
+``options`` holds the driver options (``precision``, ``grad_clip``, ``grad_clip_type``,
+``model_wo_auto_param_call``, ``framework_kwargs``) to pass on; raise a DriverError
+for a layout the backend cannot run (with the command that would run it).
+"""
+
+
+def module_driver_factory(single: type[ModuleDriver],
+                          distributed: DistributedChoice | None = None) -> Callable[..., Driver]:
+    """A factory building ``distributed(...)``'s driver when it returns one, else ``single`` on one device."""
+
+    def create_driver(model: Any, device: Any, *, nproc: int | None = None, precision: str = "fp32",
+                      grad_clip: float | None = None, grad_clip_type: str = "norm",
+                      model_wo_auto_param_call: bool = False,
+                      framework_kwargs: Any = None) -> Driver:
+        single.check_model(model)
+        if framework_kwargs is not None and not isinstance(framework_kwargs, Mapping):
+            single.check_options(framework_kwargs)  # raises, naming the argument
+        options: dict[str, Any] = dict(precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
+                                       model_wo_auto_param_call=model_wo_auto_param_call,
+                                       framework_kwargs=framework_kwargs)
+        if distributed is not None:
+            driver = distributed(model, device, nproc, options)
+            if driver is not None:
+                return driver
+        if nproc is not None and nproc > 1:
+            raise DriverError(f"nproc={nproc}: the {single.name} backend cannot train with several processes here; "
+                              "pass nproc=1 or leave it out.")
+        if isinstance(device, (list, tuple)):
+            if not device:
+                raise DriverError(f"device=[] lists no device; pass one, e.g. 'cpu', to the {single.name} driver.")
+            device = device[0]
+        return single(model, device, **options)
+
+    create_driver.__doc__ = (
+        f"Build the {single.name} driver for ``model`` on ``device``: the distributed one when the launch "
+        f"asks for several processes, else :class:`{single.__qualname__}` on the first listed device."
+    )
+    return create_driver
