@@ -139,7 +139,3 @@ def batch_mover(device: flow.device) -> Callable[[Any], Any]:
 
 def _movable(value: Any) -> bool:
     return isinstance(value, _TENSOR) or (isinstance(value, np.ndarray) and value.dtype in _NUMPY_KINDS)
-
-
-def is_tensor(value: Any) -> bool:
-    return isinstance(value, _TENSOR)

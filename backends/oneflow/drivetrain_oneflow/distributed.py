@@ -145,12 +145,6 @@ class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
         sys.stderr.flush()
 
     # ---------------------------------------------------------------------- model
-    def unwrap_model(self) -> flow.nn.Module:
-        return self.model
-
-    def _wrapped_model_call(self) -> Any:
-        return self.model
-
     def get_model_call_fn(self, fn_name: str | None, default: str = "train_step") -> tuple[Callable, Callable]:
         """Training (``default='train_step'``) goes through DDP's hooks; evaluation calls the bare module."""
         fn, signature = super().get_model_call_fn(fn_name, default)
