@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain.backend import Driver, DriverError, check_framework_kwargs, check_lrs, move_nested
+from drivetrain.backend import DriverError, ModuleDriver, check_framework_kwargs, move_nested
 
 from . import _rng
 from . import state as _state
@@ -50,24 +50,7 @@ _NOT_HERE = {
 
 def check_model(model: Any) -> None:
     """The jittor drivers drive ``jittor.Module`` instances; anything else is refused with the driver that fits."""
-    if isinstance(model, jt.Module):
-        return
-    if isinstance(model, type):
-        raise DriverError(f"model={model!r:.80} is a class; pass an instance, e.g. {model.__name__}().")
-    from drivetrain import available_drivers
-
-    fits = [spec.name for spec in available_drivers().values() if spec.name != "jittor" and spec.claims(model)]
-    kind = f"a {type(model).__module__}.{type(model).__qualname__}"
-    if fits:
-        raise DriverError(
-            f"model={type(model).__qualname__}(...) is {kind}, not a jittor.Module: driver='jittor' drives jittor "
-            f"models. Use driver={fits[0]!r} for this model (or driver='auto', which picks it)."
-        )
-    framework = (type(model).__module__ or "").split(".")[0]
-    raise DriverError(
-        f"model={model!r:.80} is {kind}, not a jittor.Module, and no installed driver claims "
-        f"{framework!r} models; the jittor driver needs a jittor.Module (class MyNet(jittor.Module) with execute())."
-    )
+    JittorSingleDriver.check_model(model)
 
 
 _VAR = jt.Var
@@ -77,31 +60,53 @@ def _is_numeric_array(value: Any) -> bool:
     return type(value) is np.ndarray and value.dtype.kind in "biuf"
 
 
-class JittorSingleDriver(Driver):
+class JittorSingleDriver(ModuleDriver):
     """Drives a ``jittor.Module`` in one process, on the CPU or one GPU."""
 
     name = "jittor"
     capabilities = CAPABILITIES
     default_forward_name = "execute"
+    framework = jt
+    module_type, module_name = jt.Module, "jittor.Module"
+    optimizer_type, optimizer_name = jt.optim.Optimizer, "jittor.optim.Optimizer"
+    optimizer_example = "jittor.optim.SGD(model.parameters(), lr=0.1)"
+    tensor_type = jt.Var
+    dataloader_type = jt.dataset.Dataset  # a jittor Dataset is its own loader (set_attrs(batch_size=...))
+    accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
+    """The ``jittor_kwargs`` keys this driver understands, with what each means."""
+    state_ops = _state
 
-    def __init__(
-        self,
-        model: Any,
-        device: Any,
-        *,
-        precision: str = "fp32",
-        grad_clip: float | None = None,
-        grad_clip_type: str = "norm",
-        model_wo_auto_param_call: bool = False,
-        framework_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
-        check_model(model)
-        super().__init__(model, precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
-                         model_wo_auto_param_call=model_wo_auto_param_call)
-        options = check_framework_kwargs(framework_kwargs, FRAMEWORK_KWARGS, argument="jittor_kwargs",
-                                         not_here=_NOT_HERE)
-        self.device: str = resolve_device(device, jt)
-        self._precision = Precision(precision, self.device, options.get(AMP_OPTION), jt)
+    @classmethod
+    def check_model(cls, model: Any) -> None:
+        if isinstance(model, jt.Module):
+            return
+        if isinstance(model, type):
+            raise DriverError(f"model={model!r:.80} is a class; pass an instance, e.g. {model.__name__}().")
+        from drivetrain import available_drivers
+
+        fits = [spec.name for spec in available_drivers().values() if spec.name != "jittor" and spec.claims(model)]
+        kind = f"a {type(model).__module__}.{type(model).__qualname__}"
+        if fits:
+            raise DriverError(
+                f"model={type(model).__qualname__}(...) is {kind}, not a jittor.Module: driver='jittor' drives "
+                f"jittor models. Use driver={fits[0]!r} for this model (or driver='auto', which picks it)."
+            )
+        framework = (type(model).__module__ or "").split(".")[0]
+        raise DriverError(
+            f"model={model!r:.80} is {kind}, not a jittor.Module, and no installed driver claims "
+            f"{framework!r} models; the jittor driver needs a jittor.Module (class MyNet(jittor.Module) with execute())."
+        )
+
+    @classmethod
+    def check_options(cls, framework_kwargs: Any, accepted: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return check_framework_kwargs(framework_kwargs, cls.accepted_kwargs if accepted is None else accepted,
+                                      argument="jittor_kwargs", not_here=_NOT_HERE)
+
+    def resolve_device(self, device: Any, model: Any) -> str:
+        return resolve_device(device, jt)
+
+    def configure(self, options: dict[str, Any]) -> None:
+        self._precision = Precision(self.precision, self.device, options.get(AMP_OPTION), jt)
         # The last loss the model returned and the last one given to backward (they differ when the
         # core divides for accumulation): tensor_to_numpy hands them over as 0-d arrays.
         self._model_loss: Any = None
@@ -119,14 +124,6 @@ class JittorSingleDriver(Driver):
             self._model_loss = outputs.get("loss")
         return outputs
 
-    def set_model_mode(self, mode: str) -> None:
-        if mode == "train":
-            self.model.train()
-        elif mode == "eval":
-            self.model.eval()
-        else:
-            raise DriverError(f"set_model_mode(mode={mode!r}) accepts 'train' or 'eval'.")
-
     def no_grad(self) -> contextlib.AbstractContextManager:
         return jt.no_grad()
 
@@ -134,28 +131,11 @@ class JittorSingleDriver(Driver):
         return self._precision.autocast()
 
     # --------------------------------------------------------------- optimisation
-    def _check_optimizer(self, optimizer: Any) -> str | None:
-        if isinstance(optimizer, type):
-            return ("is a class, not an optimizer; create one from the model's parameters, "
-                    "e.g. jittor.optim.SGD(model.parameters(), lr=0.1).")
-        if not isinstance(optimizer, jt.optim.Optimizer):
-            framework = (type(optimizer).__module__ or "").split(".")[0]
-            origin = f" (a {framework} object)" if framework and framework not in ("builtins", "jittor") else ""
-            return (f"is not a jittor.optim.Optimizer{origin}; the jittor driver needs a jittor optimizer, "
-                    "e.g. jittor.optim.Adam(model.parameters(), lr=1e-3).")
-        own = {id(p) for p in self.unwrap_model().parameters()}
-        params = _state.parameters_of(optimizer)
-        if params and not any(id(p) in own for p in params):
-            return (f"none of its {len(params)} parameter(s) belong to the model {type(self.unwrap_model()).__name__}, "
-                    "so stepping it would never change the model. Build it from this model's parameters, "
-                    "e.g. jittor.optim.SGD(model.parameters(), lr=0.1).")
-        return None
-
     def set_optimizers(self, optimizers: Any) -> None:
         super().set_optimizers(optimizers)
         owner: dict[int, int] = {}
         for k, optimizer in enumerate(self.optimizers):  # jittor computes each optimizer's gradients on its own
-            for param in _state.parameters_of(optimizer):
+            for param in self.optimizer_params(optimizer):
                 if owner.setdefault(id(param), k) != k:
                     raise DriverError(
                         f"optimizers[{owner[id(param)]}] and optimizers[{k}] both update a parameter of shape "
@@ -163,25 +143,22 @@ class JittorSingleDriver(Driver):
                         "optimizer (use param groups for different settings)."
                     )
 
-    _buffers: list[Any] | None = None
-    """The model's Vars without gradients (buffers), found on the first backward; loading keeps their identity."""
+    def loss_requires_grad(self, loss: Any) -> bool:
+        return loss.numel() == 1 and not loss.is_stop_grad()
 
-    def backward(self, loss: Any) -> None:
-        if not isinstance(loss, jt.Var):
-            raise DriverError(
-                f"the model's output 'loss' is a {type(loss).__name__} ({loss!r:.60}), not a jittor Var; "
-                "return the loss Var itself (do not call .item() or float() on it)."
-            )
-        if loss.numel() != 1:
-            raise DriverError(
-                f"the model's output 'loss' has shape {list(loss.shape)}; backward needs a single number: "
-                "reduce it in the model, e.g. loss.mean()."
-            )
-        if loss.is_stop_grad():
+    def raise_bad_loss(self, loss: Any) -> None:
+        if isinstance(loss, _VAR):
+            self.check_single_value(loss)
             raise DriverError(
                 "the model's output 'loss' does not require grad (stop_grad): was it computed under jt.no_grad(), "
                 "in eval mode (model.eval() stops the parameters' gradients), or detached?"
             )
+        super().raise_bad_loss(loss)
+
+    _buffers: list[Any] | None = None
+    """The model's Vars without gradients (buffers), found on the first backward; loading keeps their identity."""
+
+    def run_backward(self, loss: Any) -> None:
         self._backward_loss = loss
         optimizers = self.optimizers
         last = len(optimizers) - 1
@@ -197,10 +174,13 @@ class JittorSingleDriver(Driver):
         if buffers:
             jt.sync(buffers)
 
-    def _clip_gradients(self) -> None:
+    def clip_gradients(self, params: list[Any]) -> None:
+        """Clip the gradients the optimizers hold for ``params`` (jittor keeps them in ``group["grads"]``)."""
+        wanted = {id(p) for p in params}
         grads = [g for opt in self.optimizers if _state.gradients_live(opt)
                  for group in opt.param_groups
-                 for p, g in zip(group["params"], group.get("grads", ()), strict=False) if not p.is_stop_grad()]
+                 for p, g in zip(group["params"], group.get("grads", ()), strict=False)
+                 if id(p) in wanted and not p.is_stop_grad()]
         if not grads:
             return
         if self.grad_clip_type == "value":
@@ -214,25 +194,16 @@ class JittorSingleDriver(Driver):
 
     def step(self) -> None:
         if self.grad_clip is not None:
-            self._clip_gradients()
+            self.clip_gradients(self.trainable_params())
         for optimizer in self.optimizers:
             if _state.gradients_live(optimizer):
                 optimizer.step()
 
-    def zero_grad(self) -> None:
-        for optimizer in self.optimizers:
-            optimizer.zero_grad()
-
     def get_lrs(self) -> list[list[float]]:
-        # jittor steps a group with its own "lr" when it has one, else with the optimizer's lr
+        # jittor steps a group with its own "lr" when it has one, else with the optimizer's lr; set_lrs writes
+        # group["lr"], what jittor's own LRScheduler writes, which wins over optimizer.lr
         return [[float(group.get("lr", optimizer.lr)) for group in optimizer.param_groups]
                 for optimizer in self.optimizers]
-
-    def set_lrs(self, lrs: list[list[float]]) -> None:
-        checked = check_lrs(lrs, [len(optimizer.param_groups) for optimizer in self.optimizers])
-        for optimizer, rates in zip(self.optimizers, checked, strict=True):
-            for group, lr in zip(optimizer.param_groups, rates, strict=True):
-                group["lr"] = lr  # what jittor's own LRScheduler writes; it wins over optimizer.lr
 
     # ----------------------------------------------------------------------- data
     def move_data_to_device(self, batch: Any) -> Any:
@@ -253,12 +224,7 @@ class JittorSingleDriver(Driver):
             return array.reshape(())
         return array
 
-    def is_tensor(self, obj: Any) -> bool:
-        return isinstance(obj, jt.Var)
-
     def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
-        if is_jittor_dataset(dataloader):
-            return
         if isinstance(dataloader, jt.Var):
             raise DriverError(
                 f"{argument}=jittor.Var is one tensor, not a dataloader; wrap the data in a jittor Dataset "
@@ -266,43 +232,23 @@ class JittorSingleDriver(Driver):
             )
         super().check_dataloader_legality(dataloader, argument)
 
-    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
-        """A jittor Dataset read through a resumable sampler when ``reproducible`` (see :mod:`._dataloader`).
-
-        Sharding (``dist``) belongs to the MPI driver; this single-process driver is never asked for it.
-        """
-        if dist not in (None, "train", "eval"):
-            raise DriverError(f"set_dist_repro_dataloader(dist={dist!r}): use None, 'train' or 'eval'.")
-        if dist is not None or not reproducible:
-            return dataloader
+    def reproducible_dataloader(self, dataloader: Any) -> Any:
+        """A jittor Dataset read through a resumable sampler (see :mod:`._dataloader`); anything else as is."""
         if isinstance(dataloader, DatasetLoader) or not is_jittor_dataset(dataloader) or not replaceable(dataloader):
             return dataloader
         return reproducible_loader(dataloader, num_replicas=1, rank=0, batch_size=int(dataloader.batch_size))
 
     # ---------------------------------------------------------------------- state
-    def model_state(self) -> dict[str, Any]:
-        return _state.model_state(self.unwrap_model())
-
-    def load_model_state(self, state: Mapping[str, Any]) -> None:
-        _state.load_model_state(self.unwrap_model(), state)
-
-    def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
-        return _state.tensor_buffer(tensor)
-
-    def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
-        return _state.tensors_from_bytes(data)
-
     def seed(self, seed: int) -> None:
         _rng.seed_generator(seed)
 
-    # ------------------------------------------------- training state (checkpoints)
     def _optimizer_state(self, optimizer: Any, where: str) -> Any:
         return _state.optimizer_state(self.unwrap_model(), optimizer, where)
 
     def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
         _state.load_optimizer_state(self.unwrap_model(), optimizer, state, where)
 
-    def gradient_state(self) -> dict[str, Any]:
+    def gradient_state(self) -> dict[str, Any]:  # the gradients live in the optimizers
         return _state.gradient_state(self.unwrap_model(), self.optimizers)
 
     def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
@@ -313,9 +259,6 @@ class JittorSingleDriver(Driver):
 
     def load_rng_state(self, state: Mapping[str, Any]) -> None:
         _rng.load_rng_state(state)
-
-    def framework_version(self) -> str:
-        return str(jt.__version__)
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:

@@ -7,35 +7,16 @@ imported only under ``mpirun``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import Driver, DriverError, module_driver_factory
 
-from .driver import JittorSingleDriver, check_model, jt
+from .driver import JittorSingleDriver, jt
 
 
-def create_driver(
-    model: Any,
-    device: Any,
-    *,
-    nproc: int | None = None,
-    precision: str = "fp32",
-    grad_clip: float | None = None,
-    grad_clip_type: str = "norm",
-    model_wo_auto_param_call: bool = False,
-    framework_kwargs: Mapping[str, Any] | None = None,
-) -> JittorSingleDriver:
-    """Build the jittor driver for ``model`` on ``device``.
-
-    Under ``mpirun`` (OpenMPI's ``OMPI_COMM_WORLD_SIZE`` in the environment) the MPI driver
-    (:class:`~drivetrain_jittor.distributed.JittorMPIDriver`) is built; ``device`` may then
-    list one device per process on this machine. Outside MPI a list of several devices or
-    ``nproc > 1`` is refused with the mpirun command to use: jittor's data parallelism is MPI.
-    """
-    check_model(model)
-    options = dict(precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
-                   model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
+def _distributed(model: Any, device: Any, nproc: int | None, options: dict[str, Any]) -> Driver | None:
+    """The MPI driver under ``mpirun`` (``device`` may list one device per process on this machine); outside
+    MPI several processes are refused with the mpirun command: jittor's data parallelism is MPI."""
     if jt.in_mpi:
         from .distributed import JittorMPIDriver, mpi_layout
 
@@ -48,8 +29,10 @@ def create_driver(
             f"processes itself: run `mpirun -np {count} python your_script.py` (as root add --allow-run-as-root) "
             "and pass device='cpu' or 'cuda' (each process takes the GPU of its local rank)."
         )
-    if isinstance(device, (list, tuple)):
-        if not device:
-            raise DriverError("device=[] lists no device; pass 'cpu' or 'cuda'.")
-        device = device[0]
-    return JittorSingleDriver(model, device, **options)
+    return None
+
+
+create_driver = module_driver_factory(JittorSingleDriver, _distributed)
+"""Build the jittor driver for ``model`` on ``device``: the MPI one (:class:`~drivetrain_jittor.distributed.
+JittorMPIDriver`) under ``mpirun`` (OpenMPI's ``OMPI_COMM_WORLD_SIZE`` in the environment), else
+:class:`~drivetrain_jittor.driver.JittorSingleDriver` on the first listed device."""

@@ -74,5 +74,12 @@ class Precision:
             return self._null
         return self._jt.flag_scope(auto_mixed_precision_level=self.level)
 
+    def state(self) -> None:
+        """Nothing to save: jittor's AMP has no loss scaler."""
+        return None
+
+    def load_state(self, state: Any) -> None:
+        """Nothing to restore (see :meth:`state`)."""
+
     def describe(self) -> str:
         return self.precision if self.level is None else f"fp16 (global auto_mixed_precision_level={self.level})"
