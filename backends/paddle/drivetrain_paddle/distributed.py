@@ -40,6 +40,7 @@ import paddle.distributed as dist
 
 from drivetrain.backend import (
     COMM_ERROR_MARKERS,
+    NULL_CONTEXT,
     CheckedStore,
     CollectiveGuard,
     DataSharding,
@@ -211,7 +212,7 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
     # --------------------------------------------------------------- optimisation
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Nothing to suspend: gradients are averaged once per optimizer step, never during backward."""
-        return contextlib.nullcontext()
+        return NULL_CONTEXT
 
     def _optimizers_to_step(self) -> list[Any]:
         return self._stepping if self._stepping is not None else self.optimizers

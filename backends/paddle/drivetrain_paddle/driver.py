@@ -5,7 +5,11 @@ the factory and the constructor, so a wrong input fails when the Trainer is buil
 in the middle of the first epoch. The per-batch methods (``move_data_to_device``,
 ``auto_cast``, ``backward``, ``step``, ``zero_grad``) do as little as possible.
 
-paddle keeps a process-wide current device: :meth:`PaddleSingleDriver.setup` sets it
+The shared skeleton (checks, mode switching, state pass-throughs) is the core's
+:class:`drivetrain.backend.ModuleDriver`; what paddle does its own way stays here:
+one learning rate per optimizer with per-group multipliers, optimizer state keyed by
+parameter names, ``clear_grad``, O2 decoration, static-graph training, and a
+process-wide current device: :meth:`PaddleSingleDriver.setup` sets it
 (``paddle.set_device``) so that tensors the model creates in ``forward`` land on the
 driver's device, and moves the model there.
 """
@@ -19,19 +23,13 @@ from typing import Any
 import numpy as np
 import paddle
 
-from drivetrain.backend import (
-    Driver,
-    DriverError,
-    bool_option,
-    check_framework_kwargs,
-    check_lrs,
-    check_model_type,
-)
+from drivetrain.backend import DriverError, ModuleDriver, bool_option, check_lrs
 
 from . import _rng
 from . import state as _state
 from ._dataloader import check_workers_and_tensors, reproducible_dataloader
 from ._device import Device, Mover, resolve_device
+from ._dist_plan import DIST_KWARGS
 from .plugin import CAPABILITIES
 from .precision import SCALER_KWARGS, Precision
 from .static import StaticTraining, quiet
@@ -50,62 +48,45 @@ _SCALER_KEYS = frozenset(SCALER_KWARGS)
 _LOW_PRECISION_FLOATS = (paddle.float16, paddle.bfloat16)
 
 
-def _check_model(model: Any) -> None:
-    check_model_type(model, paddle.nn.Layer, driver="paddle", expected="paddle.nn.Layer")
-
-
-def _check_framework_kwargs(framework_kwargs: Any, accepted: Mapping[str, str]) -> dict[str, Any]:
-    from ._dist_plan import DIST_KWARGS
-
-    single_only = {
-        key: "applies to distributed paddle training, but this run is a single process; remove it, or train "
-        "distributed: device=[0, 1], nproc=N, or start the script with python -m paddle.distributed.launch."
-        for key in DIST_KWARGS if key not in accepted
-    }
-    return check_framework_kwargs(framework_kwargs, accepted, argument="paddle_kwargs", not_here=single_only)
 
 
 def _bool_option(options: Mapping[str, Any], key: str, default: bool) -> bool:
     return bool_option(options, key, default, argument="paddle_kwargs")
 
 
-class PaddleSingleDriver(Driver):
+class PaddleSingleDriver(ModuleDriver):
     """Drives a ``paddle.nn.Layer`` in one process on one device (the CPU or one GPU)."""
 
     name = "paddle"
     capabilities = CAPABILITIES
-    default_forward_name = "forward"
+    framework = paddle
+    module_type, module_name = paddle.nn.Layer, "paddle.nn.Layer"
+    optimizer_type, optimizer_name = paddle.optimizer.Optimizer, "paddle.optimizer.Optimizer"
+    optimizer_example = "paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())"
+    tensor_type = paddle.Tensor
+    dataloader_type, dataset_type = paddle.io.DataLoader, paddle.io.Dataset
+    dataloader_example = "paddle.io.DataLoader(dataset, batch_size=32, shuffle=True)"
     accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
+    """The ``paddle_kwargs`` keys this driver understands, with what each means."""
+    distributed_only_kwargs = tuple(DIST_KWARGS)
+    distributed_hint = ("train distributed: device=[0, 1], nproc=N, or start the script with python -m "
+                        "paddle.distributed.launch")
+    state_ops = _state
+    device: Device
 
-    def __init__(
-        self,
-        model: Any,
-        device: Any,
-        *,
-        precision: str = "fp32",
-        grad_clip: float | None = None,
-        grad_clip_type: str = "norm",
-        model_wo_auto_param_call: bool = False,
-        framework_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
-        _check_model(model)
-        super().__init__(
-            model,
-            precision=precision,
-            grad_clip=grad_clip,
-            grad_clip_type=grad_clip_type,
-            model_wo_auto_param_call=model_wo_auto_param_call,
-        )
-        options = _check_framework_kwargs(framework_kwargs, self.accepted_kwargs)
-        self.device: Device = resolve_device(device, model)
+    def resolve_device(self, device: Any, model: Any) -> Device:
+        return resolve_device(device, model)
+
+    def configure(self, options: dict[str, Any]) -> None:
         self._move = Mover(self.device)
         self.set_to_zero = _bool_option(options, "set_to_zero", False)
-        self._precision = Precision(precision, self.device, options.get("amp_level"),
+        self._precision = Precision(self.precision, self.device, options.get("amp_level"),
                                     {k: v for k, v in options.items() if k in _SCALER_KEYS})
         self.grad_scaler = self._precision.scaler
         self.static: StaticTraining | None = None
         if _bool_option(options, "to_static", False):
-            self.static = StaticTraining(model, options.get("input_spec"), _bool_option(options, "full_graph", True))
+            self.static = StaticTraining(self.model, options.get("input_spec"),
+                                         _bool_option(options, "full_graph", True))
         elif "input_spec" in options or "full_graph" in options:
             raise DriverError(
                 "paddle_kwargs['input_spec'] / ['full_graph'] configure static-graph training, but to_static is "
@@ -143,14 +124,6 @@ class PaddleSingleDriver(Driver):
         with quiet():
             return super().model_call(batch, fn, signature_fn)
 
-    def set_model_mode(self, mode: str) -> None:
-        if mode == "train":
-            self.model.train()
-        elif mode == "eval":
-            self.model.eval()
-        else:
-            raise DriverError(f"set_model_mode(mode={mode!r}) accepts 'train' or 'eval'.")
-
     def no_grad(self) -> contextlib.AbstractContextManager:
         return paddle.no_grad()
 
@@ -158,48 +131,34 @@ class PaddleSingleDriver(Driver):
         return self._precision.autocast()
 
     # --------------------------------------------------------------- optimisation
+    def optimizer_params(self, optimizer: Any) -> list[Any]:
+        return _state.parameters_of(optimizer)
+
     def _check_optimizer(self, optimizer: Any) -> str | None:
-        if isinstance(optimizer, type):
-            return (
-                "is a class, not an optimizer; create one from the model's parameters, "
-                "e.g. paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())."
-            )
-        if not isinstance(optimizer, paddle.optimizer.Optimizer):
-            framework = (type(optimizer).__module__ or "").split(".")[0]
-            origin = f" (a {framework} object)" if framework and framework not in ("builtins", "paddle") else ""
-            return (
-                f"is not a paddle.optimizer.Optimizer{origin}; the paddle driver needs a paddle optimizer, "
-                "e.g. paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())."
-            )
-        own = {id(p) for p in self.unwrap_model().parameters()}
-        params = _state.parameters_of(optimizer)
-        if not params:
+        if isinstance(optimizer, paddle.optimizer.Optimizer) and not self.optimizer_params(optimizer):
             return (
                 "has no parameters; build it with parameters=model.parameters() (in eager mode paddle "
                 "optimizers update only the parameters they were given)."
             )
-        if not any(id(p) in own for p in params):
-            return (
-                f"none of its {len(params)} parameter(s) belong to the model {type(self.unwrap_model()).__name__}, "
-                "so stepping it would never change the model. Was it built from another model instance "
-                "(e.g. before the model was re-created or deep-copied)? Build it with "
-                "parameters=model.parameters() of this model."
-            )
-        return None
+        return super()._check_optimizer(optimizer)
 
     def set_optimizers(self, optimizers: Any) -> None:
         super().set_optimizers(optimizers)
         seen: set[int] = set()
         self._params = []
         for optimizer in self.optimizers:  # for clipping: every trainable parameter once
-            for param in _state.parameters_of(optimizer):
+            for param in self.optimizer_params(optimizer):
                 if id(param) not in seen and not param.stop_gradient:
                     seen.add(id(param))
                     self._params.append(param)
 
-    def backward(self, loss: Any) -> None:
-        if not isinstance(loss, paddle.Tensor) or loss.stop_gradient:
-            self._raise_bad_loss(loss)
+    def trainable_params(self) -> list[Any]:
+        return self._params
+
+    def loss_requires_grad(self, loss: Any) -> bool:
+        return not loss.stop_gradient
+
+    def run_backward(self, loss: Any) -> None:
         if loss.ndim and loss.size != 1:  # ndim first: size costs microseconds, a 0-d loss is the usual
             raise DriverError(
                 f"the model's output 'loss' has shape {list(loss.shape)}; backward needs a single number: "
@@ -210,23 +169,19 @@ class PaddleSingleDriver(Driver):
         else:
             loss.backward()
 
-    @staticmethod
-    def _raise_bad_loss(loss: Any) -> None:
-        if not isinstance(loss, paddle.Tensor):
+    def raise_bad_loss(self, loss: Any) -> None:
+        if isinstance(loss, paddle.Tensor):
             raise DriverError(
-                f"the model's output 'loss' is a {type(loss).__name__} ({loss!r:.60}), not a paddle tensor; "
-                "return the loss tensor itself (do not call .item() or float() on it)."
+                "the model's output 'loss' does not require grad (stop_gradient=True): did you compute it under "
+                "paddle.no_grad() or detach it? (Also check that the model has trainable parameters.)"
             )
-        raise DriverError(
-            "the model's output 'loss' does not require grad (stop_gradient=True): did you compute it under "
-            "paddle.no_grad() or detach it? (Also check that the model has trainable parameters.)"
-        )
+        super().raise_bad_loss(loss)
 
-    def _clip_gradients(self) -> None:
+    def clip_gradients(self, params: list[Any]) -> None:
         if self.grad_clip_type == "norm":
-            paddle.nn.utils.clip_grad_norm_(self._params, self.grad_clip)
+            paddle.nn.utils.clip_grad_norm_(params, self.grad_clip)
         else:
-            paddle.nn.utils.clip_grad_value_(self._params, self.grad_clip)
+            paddle.nn.utils.clip_grad_value_(params, self.grad_clip)
 
     def _optimizers_to_step(self) -> list[Any]:
         """What ``step`` steps: the user's optimizers (the distributed driver may wrap them)."""
@@ -235,16 +190,15 @@ class PaddleSingleDriver(Driver):
     def step(self) -> None:
         scaler = self.grad_scaler
         optimizers = self._optimizers_to_step()
+        if self.grad_clip is not None:
+            if scaler is not None:
+                for optimizer in optimizers:
+                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+            self.clip_gradients(self._params)
         if scaler is None:
-            if self.grad_clip is not None:
-                self._clip_gradients()
             for optimizer in optimizers:
                 optimizer.step()
             return
-        if self.grad_clip is not None:
-            for optimizer in optimizers:
-                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            self._clip_gradients()
         for optimizer in optimizers:
             scaler.step(optimizer)
         scaler.update()
@@ -275,19 +229,13 @@ class PaddleSingleDriver(Driver):
             tensor = tensor.astype(paddle.float32)  # numpy has no bfloat16 / float8
         return tensor.detach().numpy()  # always a host copy
 
-    def is_tensor(self, obj: Any) -> bool:
-        return isinstance(obj, paddle.Tensor)
-
     def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
         if isinstance(dataloader, paddle.io.DataLoader):
             check_workers_and_tensors(dataloader, argument)
-            return
-        if isinstance(dataloader, paddle.io.Dataset) and not hasattr(dataloader, "__iter__"):
-            raise DriverError(
-                f"{argument}={type(dataloader).__name__} is a Dataset, not a dataloader; wrap it, e.g. "
-                "paddle.io.DataLoader(dataset, batch_size=32, shuffle=True)."
-            )
         super().check_dataloader_legality(dataloader, argument)
+
+    def reproducible_dataloader(self, dataloader: Any) -> Any:
+        return reproducible_dataloader(dataloader)
 
     def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
         """A DataLoader that resumes sample-exactly when ``reproducible`` (see :mod:`._dataloader`)."""
@@ -297,53 +245,23 @@ class PaddleSingleDriver(Driver):
                 "paddle driver (PaddleDataParallelDriver: device=[0, 1], nproc=N or paddle's launcher); this one "
                 "drives a single process."
             )
-        if not reproducible:
-            return dataloader
-        return reproducible_dataloader(dataloader)
+        return super().set_dist_repro_dataloader(dataloader, dist=dist, reproducible=reproducible)
 
     # ---------------------------------------------------------------------- state
-    def model_state(self) -> dict[str, Any]:
-        return _state.model_state(self.unwrap_model())
-
-    def load_model_state(self, state: Mapping[str, Any]) -> None:
-        _state.load_model_state(self.unwrap_model(), state)
-
-    def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
-        return _state.tensor_buffer(tensor)
-
-    def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
-        return _state.tensors_from_bytes(data)
-
     def seed(self, seed: int) -> None:
         paddle.seed(seed)  # the CPU generator and every GPU's
 
-    # ------------------------------------------------- training state (checkpoints)
     def _optimizer_state(self, optimizer: Any, where: str) -> Any:
         return _state.optimizer_state(self.unwrap_model(), optimizer, where)
 
     def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
         _state.load_optimizer_state(self.unwrap_model(), optimizer, state, where)
 
-    def gradient_state(self) -> dict[str, Any]:
-        return _state.gradient_state(self.unwrap_model())
-
-    def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
-        _state.load_gradient_state(self.unwrap_model(), grads)
-
-    def precision_state(self) -> Any:
-        return self._precision.state()
-
-    def load_precision_state(self, state: Any) -> None:
-        self._precision.load_state(state)
-
     def rng_state(self) -> dict[str, Any]:
         return _rng.rng_state(include_gpu=self.device.kind == "gpu")
 
     def load_rng_state(self, state: Mapping[str, Any]) -> None:
         _rng.load_rng_state(state)
-
-    def framework_version(self) -> str:
-        return str(paddle.__version__)
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:
