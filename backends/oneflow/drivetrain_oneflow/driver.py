@@ -40,15 +40,6 @@ FRAMEWORK_KWARGS = {
 _DISTRIBUTED_ONLY_KWARGS = ("ddp_kwargs", "timeout", "even_batches", "spawn_output")
 
 
-def check_model(model: Any) -> None:
-    """The oneflow drivers drive ``oneflow.nn.Module`` instances."""
-    OneflowSingleDriver.check_model(model)
-
-
-def _check_framework_kwargs(framework_kwargs: Any, accepted: Mapping[str, str]) -> dict[str, Any]:
-    return OneflowSingleDriver.check_options(framework_kwargs, accepted)
-
-
 class OneflowSingleDriver(ModuleDriver):
     """Drives a ``oneflow.nn.Module`` in one process on one device (CPU or one CUDA GPU)."""
 
