@@ -185,7 +185,7 @@ def test_data_that_cannot_be_shared_out_evenly_is_refused_on_every_process(tmp_p
     # with exit code 1 (without MPI_Finalize), since a peer might be waiting in a collective
     assert code == 1 and "stopped after DriverError: epoch 0: the processes have different" in output, output[-3000:]
     for rec in records(tmp_path):
-        assert "train_dataloader=list: data-parallel training gives each of the 2 processes" in rec["plain_list"]
+        assert "train_dataloader=list: distributed training gives each of the 2 processes" in rec["plain_list"]
         assert "use_dist_sampler=False" in rec["plain_list"]
         assert "batch_size=7 is the global batch under MPI" in rec["odd_batch"]
         assert "different numbers of training batches (rank 0: 3, rank 1: 4)" in rec["uneven"]

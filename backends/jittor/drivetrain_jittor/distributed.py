@@ -12,7 +12,8 @@ is imported inside ``mpirun`` it joins the MPI world (``jt.in_mpi``, ``jt.rank``
   :meth:`no_sync` cannot skip it.
 - **Start.** :meth:`setup` broadcasts rank 0's parameters and buffers, so evaluation
   and checkpoints before the first step agree across processes.
-- **Data.** A jittor Dataset is read through drivetrain's samplers (see
+- **Data.** The core's :class:`~drivetrain.backend.DistributedDriverMixin` shards the
+  dataloaders; a jittor Dataset is read through drivetrain's samplers (see
   :mod:`._dataloader`): each process takes ``batch_size / N`` samples of every global
   batch, resumable mid-epoch; evaluation gives each process its own shard.
 - **Collectives** for metrics and checkpoints (``broadcast_object``,
@@ -31,12 +32,13 @@ import atexit
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from drivetrain.backend import DriverError, OverfitLoader
+from drivetrain.backend import DataSharding, DistributedDriverMixin, DriverError, reducible_array
 
 from . import _mpi
 from ._dataloader import (
@@ -61,6 +63,9 @@ class MPILayout:
     local_rank: int
     local_size: int
     device: Any
+    even_batches: bool = False
+    """Read by :class:`~drivetrain.backend.DistributedDriverMixin`; jittor has no such option (each process
+    reads ``batch_size / N`` samples of every batch, N must divide it)."""
 
 
 def mpi_layout(device: Any, nproc: int | None, jt: Any) -> MPILayout:
@@ -133,31 +138,28 @@ class _FailureExit:
 _failure_exit = _FailureExit()
 
 
-class JittorMPIDriver(JittorSingleDriver):
-    """Drives one process of an MPI data-parallel jittor run (built by ``create_driver`` under mpirun)."""
+class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
+    """Drives one process of an MPI data-parallel jittor run (built by ``create_driver`` under mpirun).
 
-    def __init__(self, model: Any, layout: MPILayout, **options: Any) -> None:
-        super().__init__(model, layout.device, **options)
-        self.layout = layout
-        self._argument_names: dict[int, str] = {}
+    Rank properties, dataloader sharding and the per-epoch check that every process has
+    as many batches come from :class:`drivetrain.backend.DistributedDriverMixin`; the
+    collectives are MPI broadcasts (:mod:`._mpi`). No :class:`~drivetrain.backend.
+    CollectiveGuard`: an MPI collective never raises on a dead peer (mpirun stops the
+    run), and there is no store for peers to post why they failed.
+    """
+
+    def __init__(self, model: Any, plan: MPILayout, **options: Any) -> None:
+        super().__init__(model, plan.device, **options)
+        self.plan = plan
+        self.sharding = DataSharding(
+            reproducible=self._reproducible, unrepeated=_unrepeated, describe=describe, option="jittor_kwargs",
+            default_loader="a jittor Dataset with set_attrs(batch_size=..., shuffle=True/False) and no sampler",
+            shard_yourself="give each process a jittor Dataset of its own part of the samples",
+            waits="the gradient all-reduce", same_batches="the same number of samples and batch_size everywhere",
+        )
         self._is_setup = False
 
     # ------------------------------------------------------------------ lifecycle
-    def is_distributed(self) -> bool:
-        return True
-
-    @property
-    def rank(self) -> int:
-        return self.layout.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.layout.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.layout.world_size
-
     def setup(self) -> None:
         """Set the device, then give every process rank 0's parameters and buffers."""
         super().setup()
@@ -177,66 +179,20 @@ class JittorMPIDriver(JittorSingleDriver):
         jt.mpi.mpi_barrier()
 
     # ----------------------------------------------------------------------- data
-    def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
-        self._argument_names[id(dataloader)] = argument
-        super().check_dataloader_legality(dataloader, argument)
-
     def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
-        """Share a jittor Dataset out over the processes (``dist``) and make it resumable.
+        """The mixin's sharding, always through drivetrain's sampler: with ``dist=None`` too, since a jittor
+        Dataset under MPI would split its batches over the processes by itself (each must read all of it)."""
+        return super().set_dist_repro_dataloader(dataloader, dist=dist, reproducible=True)
 
-        ``"train"``: each process takes ``batch_size / N`` samples of every global batch
-        (one seed for all: rank 0's, broadcast). ``"eval"``: each process reads its own
-        contiguous shard once. ``None``: every process reads the whole dataset (jittor
-        would split it by itself under MPI). Anything that is not a jittor Dataset with
-        default sampling is refused for ``"train"``/``"eval"`` with what to do instead.
-        """
-        if dist not in (None, "train", "eval"):
-            raise DriverError(f"set_dist_repro_dataloader(dist={dist!r}): use None, 'train' or 'eval'.")
-        name = self._argument_names.get(id(dataloader), "evaluate_dataloaders" if dist == "eval" else "train_dataloader")
-        shareable = is_jittor_dataset(dataloader) and replaceable(dataloader)
-        if dist == "eval":
-            if isinstance(dataloader, OverfitLoader):
-                return dataloader  # replays this process's own training batches
-            if not shareable:
-                self._refuse(dataloader, name, "evaluation gives each of the {w} processes its own shard",
-                             "evaluate_use_dist_sampler=False")
-            size = -(-int(dataloader.batch_size) // self.world_size)
-            return unrepeated_loader(dataloader, num_replicas=self.world_size, rank=self.rank, batch_size=size)
-        if dist == "train":
-            if not shareable:
-                self._refuse(dataloader, name, "data-parallel training gives each of the {w} processes its part of "
-                             "every batch", "use_dist_sampler=False")
-            return reproducible_loader(dataloader, num_replicas=self.world_size, rank=self.rank,
-                                       batch_size=per_process_batch(dataloader, self.world_size, name),
-                                       agree_seed=lambda seed: self.broadcast_object(seed, src=0))
-        if shareable and not isinstance(dataloader, DatasetLoader):
-            return reproducible_loader(dataloader, num_replicas=1, rank=0, batch_size=int(dataloader.batch_size),
-                                       agree_seed=lambda seed: self.broadcast_object(seed, src=0))
-        return dataloader
-
-    def _refuse(self, dataloader: Any, name: str, purpose: str, opt_out: str) -> None:
-        raise DriverError(
-            f"{name}={type(dataloader).__name__}: {purpose.format(w=self.world_size)}, but {describe(dataloader)}. "
-            "Pass a jittor Dataset with default sampling (set_attrs(batch_size=..., shuffle=True/False)), or pass "
-            f"{opt_out} to the Trainer and give each process its own data; every process must then yield the "
-            "same number of training batches."
-        )
-
-    def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:
-        """Set the epoch, and check that every process has as many batches (else an all-reduce would wait forever)."""
-        super().set_sampler_epoch(dataloader, epoch)
-        try:
-            count: int | None = len(dataloader)
-        except TypeError:
-            count = None
-        counts = self.all_gather_object(count)
-        if len(set(counts)) > 1:
-            listed = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
-            raise DriverError(
-                f"epoch {epoch}: the processes have different numbers of training batches ({listed}); the gradient "
-                "all-reduce would wait forever for the missing ones. With use_dist_sampler=False every process "
-                "must yield the same number of batches, or let drivetrain share a jittor Dataset out."
-            )
+    def _reproducible(self, dataset: Any, *, num_replicas: int, rank: int, even_batches: bool,
+                      agree_seed: Callable[[int], int]) -> Any:
+        """A jittor Dataset with default sampling, reading ``batch_size / num_replicas`` samples of every global batch
+        (:data:`DataSharding.reproducible`); anything else as is. jittor has no ``even_batches`` option."""
+        if isinstance(dataset, DatasetLoader) or not _shareable(dataset):
+            return dataset
+        argument = self._argument_names().get(id(dataset), "train_dataloader")
+        return reproducible_loader(dataset, num_replicas=num_replicas, rank=rank, agree_seed=agree_seed,
+                                   batch_size=per_process_batch(dataset, num_replicas, argument))
 
     # ---------------------------------------------------------------- collectives
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
@@ -249,12 +205,7 @@ class JittorMPIDriver(JittorSingleDriver):
     def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
         """Reduce a numpy array over the processes (gathered, then reduced in numpy: exact for every dtype)."""
         super().all_reduce(array, op)
-        array = np.asarray(array)
-        if array.dtype.kind not in "biuf":
-            raise DriverError(
-                f"all_reduce: an array of dtype {array.dtype} cannot be reduced; metric elements must be numeric."
-            )
-        return _mpi.all_reduce(jt, array, op, self.rank, self.world_size)
+        return _mpi.all_reduce(jt, reducible_array(array), op, self.rank, self.world_size)
 
     def _check_rank(self, src: Any, what: str) -> None:
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
@@ -264,3 +215,15 @@ class JittorMPIDriver(JittorSingleDriver):
     def describe(self) -> str:
         return (f"jittor driver (JittorMPIDriver) rank {self.rank}/{self.world_size} device={self.device} "
                 f"precision={self._precision.describe()} jittor={jt.__version__}")
+
+
+def _shareable(dataset: Any) -> bool:
+    return is_jittor_dataset(dataset) and replaceable(dataset)
+
+
+def _unrepeated(dataset: Any, *, num_replicas: int, rank: int) -> Any:
+    """This process's contiguous shard of a jittor Dataset with default sampling, or None (cannot be shared out)."""
+    if not _shareable(dataset):
+        return None
+    size = -(-int(dataset.batch_size) // num_replicas)
+    return unrepeated_loader(dataset, num_replicas=num_replicas, rank=rank, batch_size=size)
