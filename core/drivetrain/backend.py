@@ -23,6 +23,7 @@ import numpy as np
 from ._backend_checks import bool_option, check_framework_kwargs, check_lrs, check_model_type
 from ._checkpoint.safetensors_writer import array_buffer
 from ._dataloaders import OverfitLoader
+from ._default_sampling import DefaultSampling
 from ._dist_options import (
     DistPlan,
     check_layout_arguments,
@@ -57,6 +58,8 @@ from ._spawn import (
     pump_output,
     relaunch_command,
 )
+from ._state_checks import check_gradient_names, check_gradient_shape, check_state_shape
+from ._watchdog import Watchdog
 
 __all__ = [
     # distributed runs (see drivetrain._spawn): self-launch and naming the rank that failed
@@ -85,6 +88,7 @@ __all__ = [
     "reducible_array",  # the numeric numpy array Driver.all_reduce can reduce, else a DriverError
     "settle_at_exit",  # a short pause at exit so gloo's threads finish before the interpreter does
     "timeout_option",  # the seconds a collective may wait: a finite number > 0
+    "Watchdog",  # ends the process, naming rank and operation, when a call that waits for the others cannot end
     # the contract
     "Driver",  # the abstract class every driver subclasses (also drivetrain.Driver)
     "DriverError",  # what a driver raises for a wrong argument (also drivetrain.DriverError)
@@ -95,11 +99,15 @@ __all__ = [
     "check_model_type",  # model= must be an instance of the framework's module class
     # data
     "OverfitLoader",  # what the Trainer wraps a loader in for overfit_batches; a driver unwraps it
+    "DefaultSampling",  # a framework DataLoader with default sampling, rebuilt around the samplers below
     "ReproducibleBatchSampler",  # the resumable, shardable training sampler a driver installs
     "UnrepeatedBatchSampler",  # the evaluation sampler: each rank its own shard, once, no padding
     "array_buffer",  # (dtype, shape, bytes) of a numpy array, for Driver.tensor_buffer
     "bool_option",
     "check_state_names",  # load_model_state's strict name check, with the message every backend gives
+    "check_state_shape",  # a saved tensor of another shape than the model's, refused with the same words
+    "check_gradient_names",  # load_gradient_state's check: a mapping naming only the model's parameters
+    "check_gradient_shape",  # a saved gradient of another shape than its parameter's
     "listed_names",  # a short list of names for an error message
     "check_framework_kwargs",
     "find_reproducible_sampler",

@@ -31,7 +31,13 @@ from typing import Any
 import numpy as np
 import safetensors
 
-from drivetrain.backend import DriverError, check_state_names, listed_names
+from drivetrain.backend import (
+    DriverError,
+    check_gradient_shape,
+    check_state_names,
+    check_state_shape,
+    listed_names,
+)
 
 _ZERO_FLAG = "_Optimizer__zero_grad"
 """jittor's private flag: True when the optimizer's stored gradients are stale (after zero_grad/step)."""
@@ -84,11 +90,7 @@ def load_model_state(model: Any, state: Mapping[str, Any]) -> None:
     prepared = {}
     for name, target in expected.items():
         value = as_var(state[name], f"state[{name!r}]", str(target.dtype))
-        if list(value.shape) != list(target.shape):
-            raise DriverError(
-                f"state[{name!r}] has shape {list(value.shape)} but the model's {name!r} has shape "
-                f"{list(target.shape)}; the state was saved from a differently sized model."
-            )
+        check_state_shape(name, list(value.shape), list(target.shape))
         prepared[name] = value
     for name, target in expected.items():
         target.update(prepared[name])
@@ -213,11 +215,7 @@ def load_gradient_state(model: Any, optimizers: list[Any], grads: Mapping[str, A
                     group["grads"][i].update(jt.zeros_like(param).stop_grad())
                     continue
                 value = as_var(grads[name], f"load_gradient_state: grads[{name!r}]", str(param.dtype))
-                if list(value.shape) != list(param.shape):
-                    raise DriverError(
-                        f"load_gradient_state: grads[{name!r}] has shape {list(value.shape)} but the parameter "
-                        f"has shape {list(param.shape)}; the gradients were saved from a differently sized model."
-                    )
+                check_gradient_shape(name, list(value.shape), list(param.shape))
                 group["grads"][i].update(value.stop_grad())
                 mine = True
         setattr(optimizer, _ZERO_FLAG, not mine)

@@ -29,13 +29,12 @@ from typing import Any
 import numpy as np
 import oneflow as flow
 
-from drivetrain.backend import DataSharding, DistributedDriverMixin, DriverError, reducible_array
+from drivetrain.backend import DataSharding, DistributedDriverMixin, DriverError, Watchdog, reducible_array
 
 from . import state as _state
 from ._dataloader import describe_sampling, reproducible_dataloader, unrepeated_dataloader
 from ._dist_plan import DIST_KWARGS, DistPlan
 from ._launch import die_with_launcher
-from ._watchdog import Watchdog
 from .driver import FRAMEWORK_KWARGS, OneflowSingleDriver
 
 _REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
@@ -108,7 +107,10 @@ class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
         self.plan = plan
         self._ddp: _Dispatch | None = None
         self._is_setup = False
-        self._watchdog = Watchdog(plan.rank, plan.world_size, plan.timeout)
+        self._watchdog = Watchdog(
+            plan.rank, plan.world_size, plan.timeout, limit=f"oneflow_kwargs['timeout']={plan.timeout:g} s",
+            advice="oneflow's collectives have no timeout of their own; raise oneflow_kwargs['timeout'] if a step "
+                   "legitimately takes that long.")
         self._watch = self._watchdog.watch
 
     # ------------------------------------------------------------------ lifecycle

@@ -22,7 +22,14 @@ import numpy as np
 import oneflow as flow
 import safetensors
 
-from drivetrain.backend import DriverError, array_buffer, check_state_names, listed_names
+from drivetrain.backend import (
+    DriverError,
+    array_buffer,
+    check_gradient_names,
+    check_gradient_shape,
+    check_state_names,
+    check_state_shape,
+)
 
 _TAGS: dict[Any, str] = {
     flow.float64: "F64", flow.float32: "F32", flow.float16: "F16", flow.bfloat16: "BF16",
@@ -55,11 +62,7 @@ def load_model_state(model: flow.nn.Module, state: Mapping[str, Any]) -> None:
     prepared: dict[str, flow.Tensor] = {}
     for name, target in expected.items():
         value = as_tensor(state[name], f"state[{name!r}]")
-        if tuple(value.shape) != tuple(target.shape):
-            raise DriverError(
-                f"state[{name!r}] has shape {tuple(value.shape)} but the model's {name!r} has shape "
-                f"{tuple(target.shape)}; the state was saved from a differently sized model."
-            )
+        check_state_shape(name, tuple(value.shape), tuple(target.shape))
         prepared[name] = value if value.dtype == target.dtype else value.to(target.dtype)
     model.load_state_dict(prepared, strict=True)  # copies into the existing tensors: optimizers stay valid
 
@@ -146,27 +149,13 @@ def load_gradient_state(model: flow.nn.Module, grads: Mapping[str, Any], grad_sl
     in (data-parallel training keeps gradients in all-reduce buckets); the saved value is
     copied into it instead of replacing the gradient.
     """
-    if not isinstance(grads, Mapping):
-        raise DriverError(
-            f"load_gradient_state(grads={type(grads).__name__}) needs a dict of parameter name -> tensor, "
-            "as returned by gradient_state()."
-        )
     params = dict(model.named_parameters())
-    unknown = [name for name in grads if name not in params]
-    if unknown:
-        raise DriverError(
-            f"load_gradient_state: the model {type(model).__name__} has no parameter(s) {listed_names(unknown)}; "
-            "the gradients were saved from a different model."
-        )
+    check_gradient_names(grads, params, type(model).__name__)
     prepared = {}
     for name, value in grads.items():
         param = params[name]
         grad = as_tensor(value, f"load_gradient_state: grads[{name!r}]")
-        if tuple(grad.shape) != tuple(param.shape):
-            raise DriverError(
-                f"load_gradient_state: grads[{name!r}] has shape {tuple(grad.shape)} but the parameter has shape "
-                f"{tuple(param.shape)}; the gradients were saved from a differently sized model."
-            )
+        check_gradient_shape(name, tuple(grad.shape), tuple(param.shape))
         prepared[name] = grad.detach().to(device=param.device, dtype=param.dtype)
     with flow.no_grad():
         for name, param in params.items():

@@ -19,7 +19,7 @@ already called. The model is wrapped in ``paddle.DataParallel`` (or
   (training) or its own contiguous shard (evaluation);
 - a collective that fails because a peer died or stalled raises a
   :class:`DistributedError` naming that peer when it said why (see :class:`drivetrain.backend.CollectiveGuard`);
-  one that cannot return is ended by :mod:`._watchdog` after the timeout.
+  one that cannot return is ended by the core's :class:`~drivetrain.backend.Watchdog` after the timeout.
 
 The rank properties, dataloader sharding and naming the failed peer are the core's
 (:class:`drivetrain.backend.DistributedDriverMixin`, :class:`~drivetrain.backend.CollectiveGuard`).
@@ -48,6 +48,7 @@ from drivetrain.backend import (
     DistributedError,
     DriverError,
     FailureBoard,
+    Watchdog,
     reducible_array,
     settle_at_exit,
 )
@@ -56,7 +57,6 @@ from ._dataloader import describe_sampling, reproducible_dataloader, unrepeated_
 from ._dist_plan import DIST_KWARGS, GLOO_LIMIT, DistPlan, master_address
 from ._launch import announce_ready, paddle_relaunch_command, start_children
 from ._store import ThreadStore
-from ._watchdog import CollectiveWatch
 from .driver import FRAMEWORK_KWARGS, PaddleSingleDriver
 
 __all__ = ["DistributedError", "PaddleDataParallelDriver"]
@@ -98,7 +98,7 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         self.plan = plan
         self._dp: Any = user_dp
         self._store: ThreadStore | None = None
-        self._watch: CollectiveWatch | None = None
+        self._watch: Watchdog | None = None
         self._guard = CollectiveGuard(plan.rank, plan.world_size, markers=_COMM_MARKERS, error_line=-1,
                                       silent_peer=self._silent_peer)
         self._collective = self._guard.collective
@@ -169,18 +169,21 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         self._guard.board = FailureBoard(CheckedStore(self._store), plan.rank, plan.world_size, next(_generations))
         limit = ("the timeout of the parallel environment you initialised" if plan.launch == "existing"
                  else f"paddle_kwargs['timeout']={plan.timeout:g} s")
-        self._watch = CollectiveWatch(plan.rank, plan.world_size, self._wait_limit(), limit, self._guard.reports_now,
-                                      on_start=self._store.connect_here)
+        self._watch = Watchdog(plan.rank, plan.world_size, self._wait_limit(), limit=limit,
+                               peer_reports=self._guard.reports_now, on_start=self._store.connect_here)
         self._watch.start()
-        self._guard.watch = self._watch.section
+        self._guard.watch = self._watch.watch
 
     @contextlib.contextmanager
     def _startup_watch(self) -> Iterator[None]:
         """The start-up gets the timeout but at least a minute (a loaded machine starts Python slowly)."""
-        watch = CollectiveWatch(self.rank, self.world_size, max(self.plan.timeout, 60.0),
-                                "a minute (the start-up's limit)", dict)
-        with watch.section("starting the parallel environment (init_parallel_env)"):
-            yield
+        watch = Watchdog(self.rank, self.world_size, max(self.plan.timeout, 60.0),
+                         limit="a minute (the start-up's limit)")
+        try:
+            with watch.watch("starting the parallel environment (init_parallel_env)"):
+                yield
+        finally:
+            watch.stop()
 
     def _wait_limit(self) -> float:
         """How long a collective may wait: the timeout, and on CPU never past gloo's own 30 s."""

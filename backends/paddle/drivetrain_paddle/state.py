@@ -29,7 +29,14 @@ import numpy as np
 import paddle
 import safetensors
 
-from drivetrain.backend import DriverError, check_state_names, listed_names
+from drivetrain.backend import (
+    DriverError,
+    check_gradient_names,
+    check_gradient_shape,
+    check_state_names,
+    check_state_shape,
+    listed_names,
+)
 
 # paddle dtype -> safetensors tag; numpy has no bfloat16/float8, paddle hands those over as
 # uint16/int8 arrays holding the same bits.
@@ -75,11 +82,7 @@ def load_model_state(model: paddle.nn.Layer, state: Mapping[str, Any]) -> None:
     prepared: dict[str, paddle.Tensor] = {}
     for name, target in expected.items():
         value = as_tensor(state[name], f"state[{name!r}]")
-        if list(value.shape) != list(target.shape):
-            raise DriverError(
-                f"state[{name!r}] has shape {list(value.shape)} but the model's {name!r} has shape "
-                f"{list(target.shape)}; the state was saved from a differently sized model."
-            )
+        check_state_shape(name, list(value.shape), list(target.shape))
         prepared[name] = value if value.dtype == target.dtype else value.astype(target.dtype)
     for name, target in expected.items():
         target.set_value(prepared[name])  # copies onto the parameter's own place; identity is kept
@@ -154,27 +157,13 @@ def gradient_state(model: paddle.nn.Layer) -> dict[str, paddle.Tensor]:
 
 def load_gradient_state(model: paddle.nn.Layer, grads: Mapping[str, Any]) -> None:
     """Give each named parameter its saved gradient (on the parameter's place and dtype), the others none."""
-    if not isinstance(grads, Mapping):
-        raise DriverError(
-            f"load_gradient_state(grads={type(grads).__name__}) needs a dict of parameter name -> tensor, "
-            "as returned by gradient_state()."
-        )
     params = dict(model.named_parameters())
-    unknown = [name for name in grads if name not in params]
-    if unknown:
-        raise DriverError(
-            f"load_gradient_state: the model {type(model).__name__} has no parameter(s) {listed_names(unknown)}; "
-            "the gradients were saved from a different model."
-        )
+    check_gradient_names(grads, params, type(model).__name__)
     prepared = {}
     for name, value in grads.items():
         param = params[name]
         grad = as_tensor(value, f"load_gradient_state: grads[{name!r}]")
-        if list(grad.shape) != list(param.shape):
-            raise DriverError(
-                f"load_gradient_state: grads[{name!r}] has shape {list(grad.shape)} but the parameter has shape "
-                f"{list(param.shape)}; the gradients were saved from a differently sized model."
-            )
+        check_gradient_shape(name, list(grad.shape), list(param.shape))
         prepared[name] = _on_place_of(param, grad.astype(param.dtype) if grad.dtype != param.dtype else grad)
     for name, param in params.items():
         param.grad = prepared.get(name)

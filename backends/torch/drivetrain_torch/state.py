@@ -17,7 +17,14 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from drivetrain.backend import DriverError, array_buffer, check_state_names, listed_names
+from drivetrain.backend import (
+    DriverError,
+    array_buffer,
+    check_gradient_names,
+    check_gradient_shape,
+    check_state_names,
+    check_state_shape,
+)
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -45,11 +52,7 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
                 f"state[{name!r}] is a {type(value).__name__}; load_model_state needs torch tensors "
                 "(or numpy arrays)."
             )
-        if value.shape != target.shape:
-            raise DriverError(
-                f"state[{name!r}] has shape {tuple(value.shape)} but the model's {name!r} has shape "
-                f"{tuple(target.shape)}; the state was saved from a differently sized model."
-            )
+        check_state_shape(name, tuple(value.shape), tuple(target.shape))
         tensors[name] = value
     model.load_state_dict(tensors, strict=True)
 
@@ -117,18 +120,8 @@ def gradient_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def load_gradient_state(model: torch.nn.Module, grads: Mapping[str, Any]) -> None:
     """Give each named parameter its saved gradient (on the parameter's device and dtype), the others None."""
-    if not isinstance(grads, Mapping):
-        raise DriverError(
-            f"load_gradient_state(grads={type(grads).__name__}) needs a dict of parameter name -> tensor, "
-            "as returned by gradient_state()."
-        )
     params = dict(model.named_parameters())
-    unknown = [name for name in grads if name not in params]
-    if unknown:
-        raise DriverError(
-            f"load_gradient_state: the model {type(model).__name__} has no parameter(s) {listed_names(unknown)}; "
-            "the gradients were saved from a different model."
-        )
+    check_gradient_names(grads, params, type(model).__name__)
     prepared = {name: _gradient_for(params[name], name, value) for name, value in grads.items()}
     for name, param in params.items():
         param.grad = prepared.get(name)
@@ -139,11 +132,7 @@ def _gradient_for(param: torch.nn.Parameter, name: str, value: Any) -> torch.Ten
         value = torch.from_numpy(np.ascontiguousarray(value))
     if not isinstance(value, torch.Tensor):
         raise DriverError(f"load_gradient_state: grads[{name!r}] is a {type(value).__name__}, not a tensor.")
-    if value.shape != param.shape:
-        raise DriverError(
-            f"load_gradient_state: grads[{name!r}] has shape {tuple(value.shape)} but the parameter has shape "
-            f"{tuple(param.shape)}; the gradients were saved from a differently sized model."
-        )
+    check_gradient_shape(name, tuple(value.shape), tuple(param.shape))
     return value.detach().to(device=param.device, dtype=param.dtype, copy=True)
 
 
