@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._errors import DriverError
@@ -76,3 +76,16 @@ def check_lrs(lrs: Any, groups: list[int]) -> list[list[float]]:
             row.append(float(rate))
         out.append(row)
     return out
+
+
+def checked_cuda_index(given: Any, index: int | None, count: int, current: Callable[[], int]) -> int:
+    """The CUDA device index ``device=given`` names (``current()`` when it names none), refused when it
+    is not one of the ``count`` devices this process sees."""
+    if index is None:
+        index = current()
+    if index >= count:
+        raise DriverError(
+            f"device={given!r}: cuda:{index} does not exist, this process sees {count} CUDA device(s) "
+            f"(valid: {', '.join(f'cuda:{i}' for i in range(count))}). Check CUDA_VISIBLE_DEVICES."
+        )
+    return index

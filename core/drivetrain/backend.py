@@ -20,17 +20,29 @@ from typing import Any
 
 import numpy as np
 
-from ._backend_checks import bool_option, check_framework_kwargs, check_lrs, check_model_type
+from ._backend_checks import (
+    bool_option,
+    check_framework_kwargs,
+    check_lrs,
+    check_model_type,
+    checked_cuda_index,
+)
 from ._checkpoint.safetensors_writer import array_buffer
 from ._dataloaders import OverfitLoader
 from ._default_sampling import DefaultSampling
 from ._dist_options import (
     DistPlan,
+    LauncherEnv,
+    LauncherVars,
+    check_launched_layout,
     check_layout_arguments,
     check_process_count,
     choice_option,
     env_int,
+    one_gpu_for_many,
+    plan_options,
     processes_wanted,
+    read_launcher_env,
     timeout_option,
 )
 from ._distributed import (
@@ -58,7 +70,17 @@ from ._spawn import (
     pump_output,
     relaunch_command,
 )
-from ._state_checks import check_gradient_names, check_gradient_shape, check_state_shape
+from ._state_checks import (
+    check_gradient_names,
+    check_gradient_shape,
+    check_rng_state_keys,
+    check_state_shape,
+    loadable_gradients,
+    loadable_model_state,
+    optimizer_state_for_load,
+    scaler_state_to_load,
+    warn_device_states,
+)
 from ._watchdog import Watchdog
 
 __all__ = [
@@ -80,11 +102,17 @@ __all__ = [
     "DistPlan",  # base dataclass of one process's place in a run (launch, rank, world_size, device, ...)
     "DistributedDriverMixin",  # rank properties, dataloader sharding and the same-batch-count check
     "DistributedError",  # what a collective raises when another process failed or stopped answering
+    "LauncherEnv",  # rank, world_size, local_rank, local_world_size as a launcher set them
+    "LauncherVars",  # a launcher's variable names and the words of its messages
+    "check_launched_layout",  # nproc= and a device list must fit the run a launcher started
     "check_layout_arguments",  # refuses a bad nproc= or an empty device list
     "check_process_count",  # nproc= must match the size of a run a launcher started
     "choice_option",  # an option that must be one of a few values
     "env_int",  # an integer environment variable, with the launcher hint when it is wrong
+    "one_gpu_for_many",  # the error for device= naming one GPU for several processes
+    "plan_options",  # timeout, even_batches and spawn_output of a backend's options, checked
     "processes_wanted",  # how many processes nproc= and a device list ask for together
+    "read_launcher_env",  # a launcher's rank/world/local variables, checked (None when not launched)
     "reducible_array",  # the numeric numpy array Driver.all_reduce can reduce, else a DriverError
     "settle_at_exit",  # a short pause at exit so gloo's threads finish before the interpreter does
     "timeout_option",  # the seconds a collective may wait: a finite number > 0
@@ -97,6 +125,7 @@ __all__ = [
     "module_driver_factory",  # the plugin's create_driver for a ModuleDriver backend, given its distributed choice
     # models
     "check_model_type",  # model= must be an instance of the framework's module class
+    "checked_cuda_index",  # the index of a cuda device= (the current one when it names none), refused when absent
     # data
     "OverfitLoader",  # what the Trainer wraps a loader in for overfit_batches; a driver unwraps it
     "DefaultSampling",  # a framework DataLoader with default sampling, rebuilt around the samplers below
@@ -108,6 +137,12 @@ __all__ = [
     "check_state_shape",  # a saved tensor of another shape than the model's, refused with the same words
     "check_gradient_names",  # load_gradient_state's check: a mapping naming only the model's parameters
     "check_gradient_shape",  # a saved gradient of another shape than its parameter's
+    "loadable_model_state",  # load_model_state's checks over a whole state, tensors converted and cast
+    "loadable_gradients",  # load_gradient_state's checks over all saved gradients, each placed as its parameter needs
+    "optimizer_state_for_load",  # an index-keyed optimizer state_dict with int keys again, checked against its groups
+    "scaler_state_to_load",  # load_precision_state's checks and warnings around a grad scaler state
+    "check_rng_state_keys",  # load_rng_state's check of the state's entries
+    "warn_device_states",  # how many saved per-device RNG states to restore here, warning when the counts differ
     "listed_names",  # a short list of names for an error message
     "check_framework_kwargs",
     "find_reproducible_sampler",

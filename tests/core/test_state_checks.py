@@ -1,10 +1,22 @@
-"""The saved-state checks every backend words the same way (drivetrain.backend)."""
+"""The saved-state checks and loaders every backend words the same way (drivetrain.backend)."""
 
 from __future__ import annotations
 
 import pytest
 
-from drivetrain.backend import DriverError, check_gradient_names, check_gradient_shape, check_state_shape
+from drivetrain.backend import (
+    DriverError,
+    check_gradient_names,
+    check_gradient_shape,
+    check_rng_state_keys,
+    check_state_shape,
+    checked_cuda_index,
+    loadable_gradients,
+    loadable_model_state,
+    optimizer_state_for_load,
+    scaler_state_to_load,
+    warn_device_states,
+)
 
 
 def test_gradient_names_must_be_a_mapping_of_the_models_parameters() -> None:
@@ -23,3 +35,106 @@ def test_shapes_are_shown_as_the_backend_gives_them() -> None:
     with pytest.raises(DriverError, match=r"^load_gradient_state: grads\['b'\] has shape \[3\] but the parameter "
                                           r"has shape \[2\]; the gradients were saved from a differently sized"):
         check_gradient_shape("b", [3], [2])
+
+
+class _T:
+    """A stand-in tensor: a shape and a dtype, nothing framework-specific."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str = "f32") -> None:
+        self.shape, self.dtype = shape, dtype
+
+
+def _as_tensor(value: object, where: str) -> _T:
+    if not isinstance(value, _T):
+        raise DriverError(f"{where} is a {type(value).__name__}; the test driver needs tensors.")
+    return value
+
+
+def test_loadable_model_state_checks_names_then_each_entry_and_casts() -> None:
+    expected = {"w": _T((2, 3)), "b": _T((3,), "f16")}
+    out = loadable_model_state({"w": _T((2, 3)), "b": _T((3,))}, expected, "Net", as_tensor=_as_tensor,
+                               shape=lambda t: tuple(t.shape), cast=lambda t, dtype: _T(t.shape, dtype))
+    assert [(n, t.dtype) for n, t in out.items()] == [("w", "f32"), ("b", "f16")]
+    with pytest.raises(DriverError, match=r"missing key\(s\) \['b'\].*Was it saved.* hint here"):
+        loadable_model_state({"w": _T((2, 3))}, expected, "Net", as_tensor=_as_tensor, shape=lambda t: t.shape,
+                             hint="hint here")
+    with pytest.raises(DriverError, match=r"^state\['w'\] is a int; the test driver"):
+        loadable_model_state({"w": 1, "b": _T((3,))}, expected, "Net", as_tensor=_as_tensor, shape=lambda t: t.shape)
+    with pytest.raises(DriverError, match=r"^state\['w'\] has shape \[2, 2\] but the model's 'w' has shape \[2, 3\]"):
+        loadable_model_state({"w": _T((2, 2)), "b": _T((3,))}, expected, "Net", as_tensor=_as_tensor,
+                             shape=lambda t: list(t.shape))
+
+
+def test_loadable_gradients_checks_and_places_each_gradient() -> None:
+    params = {"w": _T((2,)), "b": _T((1,))}
+    out = loadable_gradients({"w": _T((2,))}, params, "Net", as_tensor=_as_tensor, shape=lambda t: t.shape,
+                             place=lambda grad, param: ("placed", param))
+    assert out == {"w": ("placed", params["w"])}
+    with pytest.raises(DriverError, match=r"^load_gradient_state: grads\['w'\] is a str; the test driver"):
+        loadable_gradients({"w": "x"}, params, "Net", as_tensor=_as_tensor, shape=lambda t: t.shape,
+                           place=lambda grad, param: grad)
+    with pytest.raises(DriverError, match=r"^load_gradient_state: grads\['b'\] has shape \(3,\) but the parameter"):
+        loadable_gradients({"b": _T((3,))}, params, "Net", as_tensor=_as_tensor, shape=lambda t: t.shape,
+                           place=lambda grad, param: grad)
+    with pytest.raises(DriverError, match=r"the model Net has no parameter\(s\) \['x'\]"):
+        loadable_gradients({"x": _T((1,))}, params, "Net", as_tensor=_as_tensor, shape=lambda t: t.shape,
+                           place=lambda grad, param: grad)
+
+
+def test_optimizer_state_for_load_restores_int_keys_and_checks_them() -> None:
+    state = {"state": {"0": {"m": 1}, 1: {"m": 2}}, "param_groups": [{"params": [0, 1], "lr": 0.1}]}
+    out = optimizer_state_for_load(state, "optimizers[0]", "torch")
+    assert out["state"] == {0: {"m": 1}, 1: {"m": 2}} and out["param_groups"] == state["param_groups"]
+    copied = optimizer_state_for_load(state, "o", "torch", copy=lambda v: ("copy", v))
+    assert copied["state"][0] == ("copy", {"m": 1})
+    with pytest.raises(DriverError, match=r"^optimizers\[0\] is a list without 'state' and 'param_groups'; it must "
+                                          r"be a torch optimizer's state_dict\(\)"):
+        optimizer_state_for_load([], "optimizers[0]", "torch")
+    damaged = {"state": {"5": {}}, "param_groups": [{"params": [0]}]}
+    with pytest.raises(DriverError, match=r"^o\['state'\] has an entry for parameter '5', which none of its"):
+        optimizer_state_for_load(damaged, "o", "torch")
+    plain = {"state": {"step": 3, "0": {}}, "param_groups": [{"params": [0]}]}
+    with pytest.raises(DriverError, match=r"entry for parameter 'step'"):
+        optimizer_state_for_load(plain, "o", "torch")
+    assert optimizer_state_for_load(plain, "o", "oneflow", plain_entries=True)["state"] == {"step": 3, 0: {}}
+
+
+def _load_scaler(state: object, scaler: bool, expected: bool = True) -> object:
+    return scaler_state_to_load(state, scaler=scaler, expected=expected, missing="no state here", ignored="ignored")
+
+
+def test_scaler_state_to_load_warns_refuses_or_passes_the_state_on() -> None:
+    assert _load_scaler({"scale": 2.0}, True) == {"scale": 2.0}
+    with pytest.warns(UserWarning, match="^no state here$"):
+        assert _load_scaler(None, True) is None
+    assert _load_scaler(None, True, expected=False) is None  # no warning (-W error would raise)
+    assert _load_scaler(None, False, expected=False) is None
+    with pytest.warns(UserWarning, match="^ignored$"):
+        assert _load_scaler({"scale": 2.0}, False) is None
+    assert _load_scaler({}, False) is None  # an empty state: nothing ignored, no warning
+    with pytest.raises(DriverError, match=r"^load_precision_state\(state=list\) needs the dict returned by"):
+        _load_scaler([], True)
+
+
+def test_rng_state_keys_and_device_counts() -> None:
+    check_rng_state_keys({"cpu": 1, "cuda": []}, ("cpu", "cuda"), "torch")
+    with pytest.raises(DriverError, match=r"^load_rng_state\(state=\[\]\) needs the dict returned by rng_state\(\), "
+                                          r"with a 'cpu' entry\.$"):
+        check_rng_state_keys([], ("cpu", "cuda"), "torch")
+    with pytest.raises(DriverError, match=r"unknown entr\(ies\) \['x'\]; the oneflow driver saves 'cpu', 'cuda' "
+                                          r"and 'modules'\.$"):
+        check_rng_state_keys({"cpu": 1, "x": 2}, ("cpu", "cuda", "modules"), "oneflow")
+    with pytest.raises(DriverError, match=r"the solo driver saves 'cpu'\.$"):
+        check_rng_state_keys({"cpu": 1, "x": 2}, ("cpu",), "solo")
+    assert warn_device_states(2, 2, "CUDA") == 2
+    with pytest.warns(UserWarning, match=r"holds GPU random states for 3 device\(s\) but this machine has 1; "
+                                         r"restoring the first 1\."):
+        assert warn_device_states(3, 1, "GPU") == 1
+
+
+def test_checked_cuda_index() -> None:
+    assert checked_cuda_index("cuda", None, 2, lambda: 1) == 1
+    assert checked_cuda_index("cuda:0", 0, 1, lambda: 0) == 0
+    with pytest.raises(DriverError, match=r"^device='cuda:2': cuda:2 does not exist, this process sees 2 CUDA "
+                                          r"device\(s\) \(valid: cuda:0, cuda:1\)\. Check CUDA_VISIBLE_DEVICES\.$"):
+        checked_cuda_index("cuda:2", 2, 2, lambda: 0)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import oneflow as flow
 
-from drivetrain.backend import DriverError, move_nested
+from drivetrain.backend import DriverError, checked_cuda_index, move_nested
 
 ACCEPTED = (
     "'cpu', 'cuda', 'cuda:N', 'gpu', 'gpu:N', an int N (meaning cuda:N), a oneflow.device, "
@@ -80,14 +80,8 @@ def explicit_cuda(given: Any, device: flow.device) -> flow.device:
             f"process, or its driver does not fit this oneflow {flow.__version__} CUDA build); use device='cpu'. "
             "(Checked before moving anything: oneflow would abort the whole process on such a move.)"
         )
-    count = flow.cuda.device_count()
-    index = flow.cuda.current_device() if device.index is None else device.index
-    if index >= count:
-        raise DriverError(
-            f"device={given!r}: cuda:{index} does not exist, this process sees {count} CUDA device(s) "
-            f"(valid: {', '.join(f'cuda:{i}' for i in range(count))}). Check CUDA_VISIBLE_DEVICES."
-        )
-    return flow.device("cuda", index)
+    return flow.device("cuda", checked_cuda_index(given, device.index, flow.cuda.device_count(),
+                                                  flow.cuda.current_device))
 
 
 def resolve_device(device: Any, model: flow.nn.Module) -> flow.device:

@@ -28,16 +28,15 @@ import oneflow as flow
 from drivetrain.backend import (
     SPAWN_PARENT_ENV,
     DriverError,
+    LauncherVars,
     check_layout_arguments,
     check_process_count,
-    choice_option,
     env_int,
+    one_gpu_for_many,
+    plan_options,
     processes_wanted,
-    timeout_option,
 )
-from drivetrain.backend import (
-    DistPlan as CoreDistPlan,
-)
+from drivetrain.backend import DistPlan as CoreDistPlan
 
 from ._device import explicit_cuda, parse_device
 
@@ -52,11 +51,13 @@ DIST_KWARGS = {
     "spawn_output": "'inherit' (default) or 'prefix': output of the workers the Trainer starts; 'prefix' "
     "starts each of their lines with [rank N]",
 }
-SPAWN_OUTPUTS = ("inherit", "prefix")
 ARGUMENT = "oneflow_kwargs"
 DDP_OPTIONS = ("broadcast_buffers", "bucket_size")
 _LAUNCH_HINT = ("Start every process with python -m oneflow.distributed.launch --nproc_per_node N train.py, which "
                 "sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT before oneflow is imported")
+ONEFLOW_LAUNCH = LauncherVars(rank="RANK", world_size="WORLD_SIZE", local_rank=("LOCAL_RANK",),
+                              local_world_size="LOCAL_WORLD_SIZE", hint=_LAUNCH_HINT,
+                              start="python -m oneflow.distributed.launch --nproc_per_node {n} train.py")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,9 +90,8 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
 
 
 def _common(options: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(backend="oneflow", timeout=timeout_option(options, default=DEFAULT_TIMEOUT, argument=ARGUMENT),
-                even_batches=_flag(options, "even_batches"), ddp_kwargs=_ddp_kwargs(options),
-                spawn_output=choice_option(options, "spawn_output", SPAWN_OUTPUTS, "inherit", argument=ARGUMENT))
+    return dict(backend="oneflow", **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=ARGUMENT),
+                ddp_kwargs=_ddp_kwargs(options))
 
 
 def _worker_plan(model: Any, device: Any, nproc: Any, world: int, options: Mapping[str, Any]) -> DistPlan:
@@ -104,8 +104,7 @@ def _worker_plan(model: Any, device: Any, nproc: Any, world: int, options: Mappi
             f"WORLD_SIZE={world} is set, but oneflow was imported as a group of {joined} process(es): oneflow reads "
             f"these variables when it is imported, so they were set too late. {_LAUNCH_HINT}."
         )
-    check_process_count(nproc, world, "WORLD_SIZE",
-                        start="python -m oneflow.distributed.launch --nproc_per_node {n} train.py")
+    check_process_count(nproc, world, "WORLD_SIZE", start=ONEFLOW_LAUNCH.start)
     local_world = env_int("LOCAL_WORLD_SIZE", 0, hint=_LAUNCH_HINT) or None
     resolved = _device_for_rank(device, model, local_rank, local_world)
     return DistPlan(launch="env", world_size=world, rank=rank, local_rank=local_rank, device=resolved,
@@ -144,10 +143,7 @@ def _check_devices(device: Any, nproc: int, model: Any) -> Any:
         if parsed.type == "cpu":
             return flow.device("cpu")
         if parsed.index is not None:
-            raise DriverError(
-                f"device={device!r} names one GPU but nproc={nproc} asks for {nproc} processes; pass "
-                f"device={list(range(nproc))} (the GPUs to use) or device='cuda' (GPUs 0..{nproc - 1})."
-            )
+            raise one_gpu_for_many(device, nproc, ONEFLOW_LAUNCH, spawn=True)
         explicit_cuda(device, flow.device("cuda", 0))
         if nproc > flow.cuda.device_count():
             raise DriverError(
@@ -173,13 +169,6 @@ def _check_devices(device: Any, nproc: int, model: Any) -> Any:
             "other GPUs, set CUDA_VISIBLE_DEVICES (e.g. CUDA_VISIBLE_DEVICES=2,3) and pass device='cuda'."
         )
     return flow.device("cuda")
-
-
-def _flag(options: Mapping[str, Any], key: str) -> bool:
-    value = options.get(key, False)
-    if not isinstance(value, bool):
-        raise DriverError(f"{ARGUMENT}[{key!r}]={value!r} must be True or False.")
-    return value
 
 
 def _ddp_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:

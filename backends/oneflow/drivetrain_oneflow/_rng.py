@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import oneflow as flow
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, check_rng_state_keys
 
 from ._mt19937 import N, temper, twist, untwist
 
@@ -160,13 +160,7 @@ def rng_state(model: flow.nn.Module | None) -> dict[str, Any]:
 
 def load_rng_state(state: Mapping[str, Any], model: flow.nn.Module | None) -> None:
     """Restore :func:`rng_state`; a module generator absent from the state keeps its current state."""
-    if not isinstance(state, Mapping) or "cpu" not in state:
-        raise DriverError(
-            f"load_rng_state(state={state!r:.80}) needs the dict returned by rng_state(), with a 'cpu' entry."
-        )
-    unknown = sorted(set(state) - set(_KEYS))
-    if unknown:
-        raise DriverError(f"load_rng_state: unknown entr(ies) {unknown}; the oneflow driver saves {list(_KEYS)}.")
+    check_rng_state_keys(state, _KEYS, "oneflow")
     modules = state.get("modules") or {}
     if not isinstance(modules, Mapping):
         raise DriverError(f"load_rng_state: state['modules'] is a {type(modules).__name__}; expected a dict.")

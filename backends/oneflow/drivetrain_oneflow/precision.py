@@ -22,7 +22,7 @@ from typing import Any
 
 import oneflow as flow
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, scaler_state_to_load
 
 _DTYPES = {"fp16": flow.float16, "bf16": flow.bfloat16}
 SCALER_KWARGS = {
@@ -171,25 +171,12 @@ class Precision:
         return None if self.scaler is None else self.scaler.state_dict()
 
     def load_state(self, state: Any) -> None:
-        if state is None:
-            if self.scaler is not None:
-                warnings.warn(
-                    "the checkpoint has no loss scaler state (it was not saved with fp16 on CUDA); this run starts "
-                    "a fresh scaler, so its first steps may differ from a continued run.",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            return
-        if not isinstance(state, Mapping):
-            raise DriverError(
-                f"load_precision_state(state={type(state).__name__}) needs the dict returned by precision_state()."
-            )
-        if self.scaler is None:
-            warnings.warn(
-                f"the checkpoint holds a loss scaler state (saved with fp16 on CUDA) but this run uses "
-                f"precision={self.precision!r} without one; the state is ignored.",
-                UserWarning,
-                stacklevel=3,
-            )
+        state = scaler_state_to_load(
+            state, scaler=self.scaler is not None, expected=self.scaler is not None,
+            missing="the checkpoint has no loss scaler state (it was not saved with fp16 on CUDA); this run starts "
+            "a fresh scaler, so its first steps may differ from a continued run.",
+            ignored=f"the checkpoint holds a loss scaler state (saved with fp16 on CUDA) but this run uses "
+            f"precision={self.precision!r} without one; the state is ignored.")
+        if state is None or self.scaler is None:
             return
         self.scaler.load_state_dict(state)

@@ -25,11 +25,10 @@ import safetensors
 from drivetrain.backend import (
     DriverError,
     array_buffer,
-    check_gradient_names,
-    check_gradient_shape,
-    check_state_names,
-    check_state_shape,
+    loadable_gradients,
+    loadable_model_state,
 )
+from drivetrain.backend import optimizer_state_for_load as _for_load
 
 _TAGS: dict[Any, str] = {
     flow.float64: "F64", flow.float32: "F32", flow.float16: "F16", flow.bfloat16: "BF16",
@@ -38,6 +37,10 @@ _TAGS: dict[Any, str] = {
 _READ: dict[str, Any] = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
                          "I32": np.int32, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_, "BF16": np.uint16}
 _ITEM_SIZES = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def _shape(tensor: flow.Tensor) -> tuple[int, ...]:
+    return tuple(tensor.shape)
 
 
 def as_tensor(value: Any, where: str) -> flow.Tensor:
@@ -57,13 +60,8 @@ def model_state(model: flow.nn.Module) -> dict[str, flow.Tensor]:
 
 def load_model_state(model: flow.nn.Module, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``; names and shapes must match exactly, dtypes are cast to the model's."""
-    expected = model.state_dict()
-    check_state_names(state, expected, type(model).__name__)
-    prepared: dict[str, flow.Tensor] = {}
-    for name, target in expected.items():
-        value = as_tensor(state[name], f"state[{name!r}]")
-        check_state_shape(name, tuple(value.shape), tuple(target.shape))
-        prepared[name] = value if value.dtype == target.dtype else value.to(target.dtype)
+    prepared = loadable_model_state(state, model.state_dict(), type(model).__name__, as_tensor=as_tensor,
+                                    shape=_shape, cast=lambda value, dtype: value.to(dtype))
     model.load_state_dict(prepared, strict=True)  # copies into the existing tensors: optimizers stay valid
 
 
@@ -150,13 +148,8 @@ def load_gradient_state(model: flow.nn.Module, grads: Mapping[str, Any], grad_sl
     copied into it instead of replacing the gradient.
     """
     params = dict(model.named_parameters())
-    check_gradient_names(grads, params, type(model).__name__)
-    prepared = {}
-    for name, value in grads.items():
-        param = params[name]
-        grad = as_tensor(value, f"load_gradient_state: grads[{name!r}]")
-        check_gradient_shape(name, tuple(grad.shape), tuple(param.shape))
-        prepared[name] = grad.detach().to(device=param.device, dtype=param.dtype)
+    prepared = loadable_gradients(grads, params, type(model).__name__, as_tensor=as_tensor, shape=_shape,
+                                  place=lambda grad, param: grad.detach().to(device=param.device, dtype=param.dtype))
     with flow.no_grad():
         for name, param in params.items():
             value = prepared.get(name)
@@ -172,28 +165,11 @@ def optimizer_state_for_load(state: Any, where: str) -> dict[str, Any]:
     """``state`` with its per-parameter keys as ints again, checked against its own param groups.
 
     oneflow keys optimizer state by parameter index (an int) next to plain entries such
-    as ``"step"``; a key that arrives as a digit string (a JSON round trip) would be kept
-    as an unrelated entry and the optimizer would silently restart its moments. Tensors
-    are cloned: oneflow's ``load_state_dict`` keeps the very tensors it is given and its
-    optimizers update them in place, so a state taken from a live optimizer would
-    otherwise be shared by two optimizers.
+    as ``"step"``. Tensors are cloned: oneflow's ``load_state_dict`` keeps the very
+    tensors it is given and its optimizers update them in place, so a state taken from a
+    live optimizer would otherwise be shared by two optimizers.
     """
-    if not isinstance(state, Mapping) or "state" not in state or "param_groups" not in state:
-        raise DriverError(
-            f"{where} is a {type(state).__name__} without 'state' and 'param_groups'; it must be a "
-            "oneflow optimizer's state_dict(), as optimizer_states() returns."
-        )
-    indices = {index for group in state["param_groups"] for index in group.get("params", [])}
-    per_param: dict[Any, Any] = {}
-    for key, value in state["state"].items():
-        index = int(key) if isinstance(key, str) and key.isdigit() else key
-        if isinstance(index, int) and index not in indices:
-            raise DriverError(
-                f"{where}['state'] has an entry for parameter {key!r}, which none of its param_groups lists; "
-                "the optimizer state is damaged or was not produced by optimizer_states()."
-            )
-        per_param[index] = _cloned(value)
-    return {**state, "state": per_param}
+    return _for_load(state, where, "oneflow", plain_entries=True, copy=_cloned)
 
 
 def _cloned(value: Any) -> Any:

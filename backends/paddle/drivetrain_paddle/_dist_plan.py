@@ -1,6 +1,6 @@
 """Which process layout a paddle Trainer asks for: decided once, from ``device=``, ``nproc=`` and the environment.
 
-Four ways to end up distributed, checked in this order:
+The ``launch`` of the plan, checked in this order:
 
 - ``existing``: the user called ``paddle.distributed.init_parallel_env()`` (or
   ``fleet.init``) before building the Trainer; that parallel environment is used as is
@@ -8,12 +8,9 @@ Four ways to end up distributed, checked in this order:
 - ``env``: ``python -m paddle.distributed.launch`` (or anything that sets
   ``PADDLE_TRAINER_ID``/``PADDLE_TRAINERS_NUM``/``PADDLE_TRAINER_ENDPOINTS``/
   ``PADDLE_CURRENT_ENDPOINT``) started this process as one of ``PADDLE_TRAINERS_NUM > 1``;
-- ``spawned``: like ``env``, for a process the Trainer itself started (``spawn``);
-- ``spawn``: ``device=[0, 1]`` or ``nproc=2`` in a plain ``python train.py``: this
-  process becomes rank 0 and starts the others by re-running its command line.
+- ``spawned`` and ``spawn``: as in :class:`drivetrain.backend.DistPlan` (the Trainer starts the processes).
 
-Everything here is validation and arithmetic (no process group is created), so a
-wrong combination fails in the first process, before any other is started.
+Only checks and arithmetic: no process group is created here, so a wrong combination fails in the first process.
 """
 
 from __future__ import annotations
@@ -28,13 +25,17 @@ import paddle
 from drivetrain.backend import DistPlan as _CorePlan
 from drivetrain.backend import (
     DriverError,
+    LauncherVars,
     bool_option,
+    check_launched_layout,
     check_layout_arguments,
     check_process_count,
     choice_option,
     env_int,
+    one_gpu_for_many,
+    plan_options,
     processes_wanted,
-    timeout_option,
+    read_launcher_env,
 )
 
 from ._device import Device, model_device, resolve_device
@@ -62,7 +63,6 @@ DIST_KWARGS = {
     "spawn_output": "'inherit' (default) or 'prefix': output of the processes the Trainer starts; 'prefix' "
     "starts each of their lines with [rank N]",
 }
-SPAWN_OUTPUTS = ("inherit", "prefix")
 BACKENDS = ("gloo", "nccl")
 _OPTIONS = "paddle_kwargs"
 
@@ -70,6 +70,12 @@ LAUNCH_HINT = ("Start every process with paddle's launcher (python -m paddle.dis
                "--log_dir /tmp/paddle-logs train.py), which sets PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, "
                "PADDLE_TRAINER_ENDPOINTS and PADDLE_CURRENT_ENDPOINT")
 _LAUNCH_START = "python -m paddle.distributed.launch --nproc_per_node {n} train.py"
+PADDLE_LAUNCH = LauncherVars(
+    rank="PADDLE_TRAINER_ID", world_size="PADDLE_TRAINERS_NUM", local_rank=("PADDLE_LOCAL_RANK", "PADDLE_RANK_IN_NODE"),
+    local_world_size="PADDLE_LOCAL_SIZE", hint=LAUNCH_HINT, start=_LAUNCH_START,
+    needed_when_many=("PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT"), rank_word="the id",
+    local_rank_word="the local rank", gpu="gpu",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,13 +120,7 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
         )
     env = read_env()
     if env is not None and (env.world_size > 1 or env.spawn_store is not None):
-        check_process_count(nproc, env.world_size, "PADDLE_TRAINERS_NUM", start=_LAUNCH_START)
-        if listed and len(device) != env.local_world_size:
-            raise DriverError(
-                f"device={list(device)!r} lists {len(device)} device(s) but this machine runs "
-                f"{env.local_world_size} process(es) (PADDLE_LOCAL_SIZE); list one device per process, or pass "
-                "device='gpu' to give each process the GPU of its local rank."
-            )
+        check_launched_layout(nproc, device, env, PADDLE_LAUNCH)
         return _make_plan("spawned" if env.spawn_store is not None else "env", model, device, env.rank,
                           env.world_size, env.local_rank, env.local_world_size, options, env.master,
                           backend=env.backend, spawn_store=env.spawn_store)
@@ -198,10 +198,8 @@ def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, loca
         gpus = tuple(d.index for d in _check_device_list(device)) if listed else tuple(range(world))
     return DistPlan(
         launch=launch, world_size=world, rank=rank, local_rank=local_rank, device=resolved, backend=backend,
-        timeout=timeout_option(options, default=DEFAULT_TIMEOUT, argument=_OPTIONS), fleet=fleet, strategy=strategy,
+        **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=_OPTIONS), fleet=fleet, strategy=strategy,
         find_unused_parameters=bool_option(options, "find_unused_parameters", False, argument=_OPTIONS),
-        even_batches=bool_option(options, "even_batches", False, argument=_OPTIONS),
-        spawn_output=choice_option(options, "spawn_output", SPAWN_OUTPUTS, "inherit", argument=_OPTIONS),
         master=master, spawn_store=spawn_store, gpus=gpus,
     )
 
@@ -240,33 +238,13 @@ def _address(text: str, name: str) -> tuple[str, int]:
 def read_env() -> _Env | None:
     """paddle's launcher variables of this process, or None when neither PADDLE_TRAINER_ID nor
     PADDLE_TRAINERS_NUM is set."""
-    if "PADDLE_TRAINER_ID" not in os.environ and "PADDLE_TRAINERS_NUM" not in os.environ:
+    launched = read_launcher_env(PADDLE_LAUNCH)
+    if launched is None:
         return None
-    missing = [name for name in ("PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM") if name not in os.environ]
-    if missing:
-        present = "PADDLE_TRAINER_ID" if "PADDLE_TRAINER_ID" in os.environ else "PADDLE_TRAINERS_NUM"
-        raise DriverError(
-            f"{present}={os.environ[present]!r} is set in the environment but {missing[0]} is not. {LAUNCH_HINT} "
-            "(or unset it to train in one process)."
-        )
-    rank, world = _env_int("PADDLE_TRAINER_ID"), _env_int("PADDLE_TRAINERS_NUM")
-    if world < 1 or not 0 <= rank < world:
-        raise DriverError(
-            f"the environment says PADDLE_TRAINER_ID={rank}, PADDLE_TRAINERS_NUM={world}; the id must be in "
-            f"0..PADDLE_TRAINERS_NUM-1. {LAUNCH_HINT}."
-        )
-    local_rank = _env_int("PADDLE_LOCAL_RANK", _env_int("PADDLE_RANK_IN_NODE", rank))
-    local_world = _env_int("PADDLE_LOCAL_SIZE", world)
-    if not 0 <= local_rank < local_world:
-        raise DriverError(
-            f"the environment says PADDLE_LOCAL_RANK={local_rank}, PADDLE_LOCAL_SIZE={local_world}; the local "
-            f"rank must be in 0..PADDLE_LOCAL_SIZE-1. {LAUNCH_HINT}."
-        )
+    rank, world, local_rank, local_world = (launched.rank, launched.world_size, launched.local_rank,
+                                            launched.local_world_size)
     master = None
     if world > 1:
-        absent = [name for name in ("PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT") if not os.environ.get(name)]
-        if absent:
-            raise DriverError(f"PADDLE_TRAINERS_NUM={world} but {' and '.join(absent)} not set. {LAUNCH_HINT}.")
         endpoints = os.environ["PADDLE_TRAINER_ENDPOINTS"].split(",")
         if len(endpoints) != world:
             raise DriverError(
@@ -313,11 +291,7 @@ def _device_for_rank(device: Any, model: Any, local_rank: int, local_world: int)
         return resolve_device(local_rank, model)
     resolved = resolve_device(device, model)
     if resolved.kind == "gpu" and local_world > 1:
-        raise DriverError(
-            f"device={device!r} names one GPU, but {local_world} processes run on this machine and would all "
-            f"use it; pass device='gpu' (each process takes the GPU of its local rank) or a list such as "
-            f"device={list(range(local_world))}."
-        )
+        raise one_gpu_for_many(device, local_world, PADDLE_LAUNCH, spawn=False)
     return resolved
 
 
@@ -335,10 +309,7 @@ def _check_spawn_device(device: Any, nproc: int, model: Any) -> None:
             )
         return
     if resolve_device(device, model).kind == "gpu":
-        raise DriverError(
-            f"device={device!r} names one GPU but nproc={nproc} asks for {nproc} processes; pass "
-            f"device={list(range(nproc))} (the GPUs to use) or device='gpu' (GPUs 0..{nproc - 1})."
-        )
+        raise one_gpu_for_many(device, nproc, PADDLE_LAUNCH, spawn=True)
 
 
 def _check_device_list(devices: Any) -> list[Device]:

@@ -14,14 +14,13 @@ numpy's) are the core's to capture.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import paddle
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, check_rng_state_keys, warn_device_states
 
 _State = paddle.base.libpaddle.GeneratorState
 
@@ -63,13 +62,7 @@ def rng_state(include_gpu: bool) -> dict[str, Any]:
 
 def load_rng_state(state: Mapping[str, Any]) -> None:
     """Restore :func:`rng_state`; GPU states are restored for the GPUs this machine has."""
-    if not isinstance(state, Mapping) or "cpu" not in state:
-        raise DriverError(
-            f"load_rng_state(state={state!r:.80}) needs the dict returned by rng_state(), with a 'cpu' entry."
-        )
-    unknown = sorted(set(state) - {"cpu", "gpu"})
-    if unknown:
-        raise DriverError(f"load_rng_state: unknown entr(ies) {unknown}; the paddle driver saves 'cpu' and 'gpu'.")
+    check_rng_state_keys(state, ("cpu", "gpu"), "paddle")
     cpu = [_decode(s, f"state['cpu'][{i}]") for i, s in enumerate(_as_list(state["cpu"], "cpu"))]
     gpu = state.get("gpu")
     gpu_states = None
@@ -88,15 +81,8 @@ def _as_list(value: Any, key: str) -> list[Any]:
 
 def _load_gpu_states(states: list[Any]) -> None:
     available = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
-    if available != len(states):
-        warnings.warn(
-            f"the checkpoint holds GPU random states for {len(states)} device(s) but this machine has "
-            f"{available}; restoring the first {min(available, len(states))}. Randomness on the other devices "
-            "(e.g. dropout) will differ from the original run.",
-            UserWarning,
-            stacklevel=3,
-        )
+    restored = warn_device_states(len(states), available, "GPU")
     if available:
         current = paddle.get_cuda_rng_state()
-        current[:min(available, len(states))] = states[:available]
+        current[:restored] = states[:available]
         paddle.set_cuda_rng_state(current)

@@ -23,7 +23,7 @@ from typing import Any
 
 import paddle
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, scaler_state_to_load
 
 from ._device import Device
 
@@ -134,28 +134,14 @@ class Precision:
 
     def load_state(self, state: Any) -> None:
         """Restore :meth:`state`, so the resumed run scales (and skips overflowing steps) exactly as before."""
-        if state is None:
-            if self.scaler is not None:
-                warnings.warn(
-                    "the checkpoint has no grad scaler state (it was not saved with precision='fp16' on a GPU); "
-                    "this run starts a fresh GradScaler, so its first steps may differ from a continued run.",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            return
-        if not isinstance(state, Mapping):
-            raise DriverError(
-                f"load_precision_state(state={type(state).__name__}) needs the dict returned by precision_state()."
-            )
-        if self.scaler is None:
-            if state:
-                warnings.warn(
-                    f"the checkpoint holds a grad scaler state (saved with precision='fp16' on a GPU) but this run "
-                    f"uses precision={self.precision!r}{'' if self.enabled or self.dtype is None else ' on CPU'}, "
-                    "which has no scaler; the state is ignored.",
-                    UserWarning,
-                    stacklevel=3,
-                )
+        state = scaler_state_to_load(
+            state, scaler=self.scaler is not None, expected=self.scaler is not None,
+            missing="the checkpoint has no grad scaler state (it was not saved with precision='fp16' on a GPU); "
+            "this run starts a fresh GradScaler, so its first steps may differ from a continued run.",
+            ignored=f"the checkpoint holds a grad scaler state (saved with precision='fp16' on a GPU) but this run "
+            f"uses precision={self.precision!r}{'' if self.enabled or self.dtype is None else ' on CPU'}, "
+            "which has no scaler; the state is ignored.")
+        if state is None or self.scaler is None:
             return
         missing = sorted({"scale", "incr_count", "decr_count"} - set(state))
         if missing:

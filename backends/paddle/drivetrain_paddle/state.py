@@ -31,11 +31,9 @@ import safetensors
 
 from drivetrain.backend import (
     DriverError,
-    check_gradient_names,
-    check_gradient_shape,
-    check_state_names,
-    check_state_shape,
     listed_names,
+    loadable_gradients,
+    loadable_model_state,
 )
 
 # paddle dtype -> safetensors tag; numpy has no bfloat16/float8, paddle hands those over as
@@ -60,6 +58,10 @@ _ITEM_SIZES = {"F64": 8, "I64": 8, "C64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16
                "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
+def _shape(tensor: paddle.Tensor) -> list[int]:
+    return list(tensor.shape)
+
+
 def as_tensor(value: Any, where: str) -> paddle.Tensor:
     """A paddle tensor from a paddle tensor or a numpy array (checkpoints may hold either)."""
     if isinstance(value, paddle.Tensor):
@@ -78,12 +80,8 @@ def model_state(model: paddle.nn.Layer) -> dict[str, paddle.Tensor]:
 def load_model_state(model: paddle.nn.Layer, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``; names and shapes must match exactly, dtypes are cast to the model's."""
     expected = model.state_dict()
-    check_state_names(state, expected, type(model).__name__)
-    prepared: dict[str, paddle.Tensor] = {}
-    for name, target in expected.items():
-        value = as_tensor(state[name], f"state[{name!r}]")
-        check_state_shape(name, list(value.shape), list(target.shape))
-        prepared[name] = value if value.dtype == target.dtype else value.astype(target.dtype)
+    prepared = loadable_model_state(state, expected, type(model).__name__, as_tensor=as_tensor, shape=_shape,
+                                    cast=lambda value, dtype: value.astype(dtype))
     for name, target in expected.items():
         target.set_value(prepared[name])  # copies onto the parameter's own place; identity is kept
 
@@ -158,13 +156,9 @@ def gradient_state(model: paddle.nn.Layer) -> dict[str, paddle.Tensor]:
 def load_gradient_state(model: paddle.nn.Layer, grads: Mapping[str, Any]) -> None:
     """Give each named parameter its saved gradient (on the parameter's place and dtype), the others none."""
     params = dict(model.named_parameters())
-    check_gradient_names(grads, params, type(model).__name__)
-    prepared = {}
-    for name, value in grads.items():
-        param = params[name]
-        grad = as_tensor(value, f"load_gradient_state: grads[{name!r}]")
-        check_gradient_shape(name, list(grad.shape), list(param.shape))
-        prepared[name] = _on_place_of(param, grad.astype(param.dtype) if grad.dtype != param.dtype else grad)
+    prepared = loadable_gradients(
+        grads, params, type(model).__name__, as_tensor=as_tensor, shape=_shape,
+        place=lambda grad, param: _on_place_of(param, grad.astype(param.dtype) if grad.dtype != param.dtype else grad))
     for name, param in params.items():
         param.grad = prepared.get(name)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.backend import DriverError, move_nested
+from drivetrain.backend import DriverError, checked_cuda_index, move_nested
 
 ACCEPTED = (
     "'cpu', 'cuda', 'cuda:N', 'gpu', 'gpu:N', an int N (meaning cuda:N), a torch.device, "
@@ -80,14 +80,8 @@ def _check_cuda(given: Any, device: torch.device) -> torch.device:
             f"{build} (torch {torch.__version__}), or no GPU is visible to this process); "
             "use device='cpu', or install a CUDA build of torch on a machine with a GPU."
         )
-    count = torch.cuda.device_count()
-    index = torch.cuda.current_device() if device.index is None else device.index
-    if index >= count:
-        raise DriverError(
-            f"device={given!r}: cuda:{index} does not exist, this process sees {count} CUDA device(s) "
-            f"(valid: {', '.join(f'cuda:{i}' for i in range(count))}). Check CUDA_VISIBLE_DEVICES."
-        )
-    return torch.device("cuda", index)
+    return torch.device("cuda", checked_cuda_index(given, device.index, torch.cuda.device_count(),
+                                                   torch.cuda.current_device))
 
 
 def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:

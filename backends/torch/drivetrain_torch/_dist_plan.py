@@ -1,17 +1,14 @@
 """Which process layout a torch Trainer asks for: decided once, from ``device=``, ``nproc=`` and the environment.
 
-Four ways to end up distributed, checked in this order:
+The ``launch`` of the plan, checked in this order:
 
 - ``existing``: the user called ``torch.distributed.init_process_group`` (and maybe
   wrapped the model in DDP) before building the Trainer; that group is used as is;
 - ``env``: ``torchrun`` (or anything that sets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/
   ``MASTER_PORT``) started this process as one of ``WORLD_SIZE > 1``;
-- ``spawned``: like ``env``, for a process the Trainer itself started (``spawn``);
-- ``spawn``: ``device=[0, 1]`` or ``nproc=2`` in a plain ``python train.py``: this
-  process becomes rank 0 and starts the others by re-running its command line.
+- ``spawned`` and ``spawn``: as in :class:`drivetrain.backend.DistPlan` (the Trainer starts the processes).
 
-Everything here is validation and arithmetic (no process group is created), so a
-wrong combination fails in the first process, before any other is started.
+Only checks and arithmetic: no process group is created here, so a wrong combination fails in the first process.
 """
 
 from __future__ import annotations
@@ -27,13 +24,16 @@ import torch
 from drivetrain.backend import (
     SPAWN_PARENT_ENV,
     DriverError,
-    bool_option,
+    LauncherVars,
+    check_launched_layout,
     check_layout_arguments,
     check_process_count,
     choice_option,
     env_int,
+    one_gpu_for_many,
+    plan_options,
     processes_wanted,
-    timeout_option,
+    read_launcher_env,
 )
 from drivetrain.backend import DistPlan as _CorePlan
 
@@ -51,7 +51,6 @@ DIST_KWARGS = {
     "spawn_output": "'inherit' (default) or 'prefix': output of the processes the Trainer starts; 'prefix' "
     "starts each of their lines with [rank N]",
 }
-SPAWN_OUTPUTS = ("inherit", "prefix")
 BACKENDS = ("gloo", "nccl")
 _OPTIONS = "torch_kwargs"
 _DDP_RESERVED = ("module", "device_ids", "output_device", "process_group")
@@ -59,6 +58,9 @@ _DDP_RESERVED = ("module", "device_ids", "output_device", "process_group")
 _TORCHRUN_HINT = ("Start every process with torchrun (torchrun --nproc_per_node N train.py), which sets RANK, "
                   "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
 _TORCHRUN_START = "torchrun --nproc_per_node {n} train.py"
+TORCHRUN = LauncherVars(rank="RANK", world_size="WORLD_SIZE", local_rank=("LOCAL_RANK",),
+                        local_world_size="LOCAL_WORLD_SIZE", hint=_TORCHRUN_HINT, start=_TORCHRUN_START,
+                        needed_when_many=("MASTER_ADDR", "MASTER_PORT"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -91,13 +93,7 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
         return _existing_plan(model, device, nproc, options)
     env = _read_env()
     if env is not None and (env.world_size > 1 or env.spawned):
-        check_process_count(nproc, env.world_size, "WORLD_SIZE", start=_TORCHRUN_START)
-        if listed and len(device) != env.local_world_size:
-            raise DriverError(
-                f"device={list(device)!r} lists {len(device)} device(s) but this machine runs "
-                f"{env.local_world_size} process(es) (LOCAL_WORLD_SIZE); list one device per process, or pass "
-                "device='cuda' to give each process the GPU of its LOCAL_RANK."
-            )
+        check_launched_layout(nproc, device, env, TORCHRUN)
         return _make_plan("spawned" if env.spawned else "env", model, device, env.rank, env.world_size,
                           env.local_rank, env.local_world_size, options, env.master)
     wanted = processes_wanted(nproc, device)
@@ -161,9 +157,7 @@ def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, loca
         )
     return DistPlan(
         launch=launch, world_size=world, rank=rank, local_rank=local_rank, device=resolved, backend=backend,
-        timeout=timeout_option(options, default=DEFAULT_TIMEOUT, argument=_OPTIONS), ddp_kwargs=_ddp_kwargs(options),
-        even_batches=bool_option(options, "even_batches", False, argument=_OPTIONS),
-        spawn_output=choice_option(options, "spawn_output", SPAWN_OUTPUTS, "inherit", argument=_OPTIONS),
+        **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=_OPTIONS), ddp_kwargs=_ddp_kwargs(options),
         master=master,
     )
 
@@ -175,34 +169,12 @@ def _env_int(name: str, default: int | None = None) -> int:
 
 def _read_env() -> _Env | None:
     """The torchrun-style variables of this process, or None when neither RANK nor WORLD_SIZE is set."""
-    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+    env = read_launcher_env(TORCHRUN)
+    if env is None:
         return None
-    missing = [name for name in ("RANK", "WORLD_SIZE") if name not in os.environ]
-    if missing:
-        present = "RANK" if "RANK" in os.environ else "WORLD_SIZE"
-        raise DriverError(
-            f"{present}={os.environ[present]!r} is set in the environment but {missing[0]} is not. {_TORCHRUN_HINT} "
-            "(or unset it to train in one process)."
-        )
-    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
-    if world < 1 or not 0 <= rank < world:
-        raise DriverError(
-            f"the environment says RANK={rank}, WORLD_SIZE={world}; RANK must be in 0..WORLD_SIZE-1. {_TORCHRUN_HINT}."
-        )
-    local_rank = _env_int("LOCAL_RANK", rank)
-    local_world = _env_int("LOCAL_WORLD_SIZE", world)
-    if not 0 <= local_rank < local_world:
-        raise DriverError(
-            f"the environment says LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world}; LOCAL_RANK must be "
-            f"in 0..LOCAL_WORLD_SIZE-1. {_TORCHRUN_HINT}."
-        )
-    master = None
-    if world > 1:
-        absent = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
-        if absent:
-            raise DriverError(f"WORLD_SIZE={world} but {' and '.join(absent)} not set. {_TORCHRUN_HINT}.")
-        master = (os.environ["MASTER_ADDR"], _env_int("MASTER_PORT"))
-    return _Env(rank, world, local_rank, local_world, master, SPAWN_PARENT_ENV in os.environ)
+    master = (os.environ["MASTER_ADDR"], _env_int("MASTER_PORT")) if env.world_size > 1 else None
+    return _Env(env.rank, env.world_size, env.local_rank, env.local_world_size, master,
+                SPAWN_PARENT_ENV in os.environ)
 
 
 # ---------------------------------------------------------------------------- devices
@@ -223,11 +195,7 @@ def _device_for_rank(device: Any, model: Any, local_rank: int, local_world: int)
     if resolved.type == "cpu":
         return resolved
     if local_world > 1:
-        raise DriverError(
-            f"device={device!r} names one GPU, but {local_world} processes run on this machine and would all "
-            f"use it; pass device='cuda' (each process takes the GPU of its LOCAL_RANK) or a list such as "
-            f"device={list(range(local_world))}."
-        )
+        raise one_gpu_for_many(device, local_world, TORCHRUN, spawn=False)
     return resolved
 
 
@@ -257,10 +225,7 @@ def _check_spawn_device(device: Any, nproc: int, model: Any) -> None:
         resolved = resolve_device(device, model)  # also says why a GPU cannot be used
         if resolved.type == "cpu":
             return
-        raise DriverError(
-            f"device={device!r} names one GPU but nproc={nproc} asks for {nproc} processes; pass "
-            f"device={list(range(nproc))} (the GPUs to use) or device='cuda' (GPUs 0..{nproc - 1})."
-        )
+        raise one_gpu_for_many(device, nproc, TORCHRUN, spawn=True)
     count = torch.cuda.device_count()
     if nproc > count:
         raise DriverError(

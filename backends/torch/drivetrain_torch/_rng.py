@@ -9,14 +9,13 @@ drawn anything since it was seeded.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, check_rng_state_keys, warn_device_states
 
 
 def rng_state() -> dict[str, Any]:
@@ -29,13 +28,7 @@ def rng_state() -> dict[str, Any]:
 
 def load_rng_state(state: Mapping[str, Any]) -> None:
     """Restore :func:`rng_state`; CUDA states are restored for the devices this machine has."""
-    if not isinstance(state, Mapping) or "cpu" not in state:
-        raise DriverError(
-            f"load_rng_state(state={state!r:.80}) needs the dict returned by rng_state(), with a 'cpu' entry."
-        )
-    unknown = sorted(set(state) - {"cpu", "cuda"})
-    if unknown:
-        raise DriverError(f"load_rng_state: unknown entr(ies) {unknown}; the torch driver saves 'cpu' and 'cuda'.")
+    check_rng_state_keys(state, ("cpu", "cuda"), "torch")
     torch.set_rng_state(_byte_tensor(state["cpu"], "cpu"))
     cuda = state.get("cuda")
     if cuda is not None:
@@ -57,14 +50,6 @@ def _byte_tensor(value: Any, where: str) -> torch.Tensor:
 def _load_cuda_states(states: Any) -> None:
     if not isinstance(states, (list, tuple)):
         raise DriverError(f"load_rng_state: state['cuda'] is a {type(states).__name__}; expected a list per device.")
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if available != len(states):
-        warnings.warn(
-            f"the checkpoint holds CUDA random states for {len(states)} device(s) but this machine has "
-            f"{available}; restoring the first {min(available, len(states))}. Randomness on the other devices "
-            "(e.g. dropout) will differ from the original run.",
-            UserWarning,
-            stacklevel=3,
-        )
+    available = warn_device_states(len(states), torch.cuda.device_count() if torch.cuda.is_available() else 0, "CUDA")
     for index, value in enumerate(states[:available]):
         torch.cuda.set_rng_state(_byte_tensor(value, f"cuda[{index}]"), index)

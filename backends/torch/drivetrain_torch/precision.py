@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, scaler_state_to_load
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SCALER_KWARGS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
@@ -70,27 +70,13 @@ class Precision:
 
     def load_state(self, state: Any) -> None:
         """Restore :meth:`state`, so the resumed run scales (and skips overflowing steps) exactly as before."""
-        if state is None:
-            if self.scaler is not None and self.scaler.is_enabled():
-                warnings.warn(
-                    "the checkpoint has no grad scaler state (it was not saved with precision='fp16'); "
-                    "this run starts a fresh GradScaler, so its first steps may differ from a continued run.",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            return
-        if not isinstance(state, Mapping):
-            raise DriverError(
-                f"load_precision_state(state={type(state).__name__}) needs the dict returned by precision_state()."
-            )
-        if self.scaler is None:
-            if state:
-                warnings.warn(
-                    f"the checkpoint holds a grad scaler state (saved with precision='fp16') but this run uses "
-                    f"precision={self.precision!r}, which needs no scaler; the state is ignored.",
-                    UserWarning,
-                    stacklevel=3,
-                )
+        state = scaler_state_to_load(
+            state, scaler=self.scaler is not None, expected=self.scaler is not None and self.scaler.is_enabled(),
+            missing="the checkpoint has no grad scaler state (it was not saved with precision='fp16'); "
+            "this run starts a fresh GradScaler, so its first steps may differ from a continued run.",
+            ignored=f"the checkpoint holds a grad scaler state (saved with precision='fp16') but this run uses "
+            f"precision={self.precision!r}, which needs no scaler; the state is ignored.")
+        if state is None or self.scaler is None:
             return
         try:
             self.scaler.load_state_dict(dict(state))

@@ -10,6 +10,7 @@ into the existing parameters.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,11 +21,10 @@ import torch
 from drivetrain.backend import (
     DriverError,
     array_buffer,
-    check_gradient_names,
-    check_gradient_shape,
-    check_state_names,
-    check_state_shape,
+    loadable_gradients,
+    loadable_model_state,
 )
+from drivetrain.backend import optimizer_state_for_load as _for_load
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -38,23 +38,24 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def load_model_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``; names and shapes must match exactly (strict)."""
-    expected = model.state_dict()
-    check_state_names(state, expected, type(model).__name__,
-                      hint="(A state saved from a wrapped model, e.g. with a 'module.' or '_orig_mod.' prefix, "
-                      "must be saved from the unwrapped model.)")
-    tensors: dict[str, torch.Tensor] = {}
-    for name, target in expected.items():
-        value = state[name]
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(np.ascontiguousarray(value))
-        if not isinstance(value, torch.Tensor):
-            raise DriverError(
-                f"state[{name!r}] is a {type(value).__name__}; load_model_state needs torch tensors "
-                "(or numpy arrays)."
-            )
-        check_state_shape(name, tuple(value.shape), tuple(target.shape))
-        tensors[name] = value
+    tensors = loadable_model_state(
+        state, model.state_dict(), type(model).__name__, as_tensor=as_tensor, shape=_shape,
+        hint="(A state saved from a wrapped model, e.g. with a 'module.' or '_orig_mod.' prefix, "
+        "must be saved from the unwrapped model.)")
     model.load_state_dict(tensors, strict=True)
+
+
+def as_tensor(value: Any, where: str) -> torch.Tensor:
+    """A torch tensor from a torch tensor or a numpy array (checkpoints may hold either)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if not isinstance(value, torch.Tensor):
+        raise DriverError(f"{where} is a {type(value).__name__}; the torch driver needs torch tensors (or numpy arrays).")
+    return value
+
+
+def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(tensor.shape)
 
 
 def _safetensors_dtypes() -> dict[torch.dtype, str]:
@@ -121,41 +122,12 @@ def gradient_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def load_gradient_state(model: torch.nn.Module, grads: Mapping[str, Any]) -> None:
     """Give each named parameter its saved gradient (on the parameter's device and dtype), the others None."""
     params = dict(model.named_parameters())
-    check_gradient_names(grads, params, type(model).__name__)
-    prepared = {name: _gradient_for(params[name], name, value) for name, value in grads.items()}
+    prepared = loadable_gradients(grads, params, type(model).__name__, as_tensor=as_tensor, shape=_shape,
+                                  place=lambda grad, param: grad.detach().to(device=param.device, dtype=param.dtype,
+                                                                             copy=True))
     for name, param in params.items():
         param.grad = prepared.get(name)
 
 
-def _gradient_for(param: torch.nn.Parameter, name: str, value: Any) -> torch.Tensor:
-    if isinstance(value, np.ndarray):
-        value = torch.from_numpy(np.ascontiguousarray(value))
-    if not isinstance(value, torch.Tensor):
-        raise DriverError(f"load_gradient_state: grads[{name!r}] is a {type(value).__name__}, not a tensor.")
-    check_gradient_shape(name, tuple(value.shape), tuple(param.shape))
-    return value.detach().to(device=param.device, dtype=param.dtype, copy=True)
-
-
-def optimizer_state_for_load(state: Any, where: str) -> dict[str, Any]:
-    """``state`` with its per-parameter keys as ints again, checked against its own param groups.
-
-    torch keys optimizer state by parameter index (an int); a JSON round trip turns
-    those keys into strings, and ``Optimizer.load_state_dict`` would then keep them
-    as unrelated entries: the optimizer would silently restart its moments.
-    """
-    if not isinstance(state, Mapping) or "state" not in state or "param_groups" not in state:
-        raise DriverError(
-            f"{where} is a {type(state).__name__} without 'state' and 'param_groups'; it must be a "
-            "torch optimizer's state_dict(), as optimizer_states() returns."
-        )
-    indices = {index for group in state["param_groups"] for index in group.get("params", [])}
-    per_param: dict[Any, Any] = {}
-    for key, value in state["state"].items():
-        index = int(key) if isinstance(key, str) and key.isdigit() else key
-        if index not in indices:
-            raise DriverError(
-                f"{where}['state'] has an entry for parameter {key!r}, which none of its param_groups lists; "
-                "the optimizer state is damaged or was not produced by optimizer_states()."
-            )
-        per_param[index] = value
-    return {**state, "state": per_param}
+# torch keys optimizer state by parameter index; a JSON round trip turns the keys into strings
+optimizer_state_for_load = functools.partial(_for_load, framework="torch")
