@@ -12,7 +12,7 @@ hooks marked *framework*. Everything a hook does not cover stays overridable.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -272,11 +272,6 @@ class ModuleDriver(Driver):
     def describe(self) -> str:
         return (f"{self.name} driver ({type(self).__qualname__}) device={self.device} precision={self.precision} "
                 f"{self.name}={self.framework_version()}")
-
-
-def params_with_grad(params: Iterable[Any], grad_of: Callable[[Any], Any] = lambda p: p.grad) -> list[Any]:
-    """The parameters that have a gradient (clipping skips the others)."""
-    return [p for p in params if grad_of(p) is not None]
 
 
 NULL_CONTEXT = contextlib.nullcontext()

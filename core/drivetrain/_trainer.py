@@ -373,8 +373,8 @@ class Trainer:
             batch = move_data_to_device(batch)
             if input_fn is not None:  # mapped once: the step, the metrics and the callbacks see the same batch
                 batch = input_fn(batch)
-            if batch_namer is not None:
-                batch = batch_namer(batch)
+            if batch_namer is not None and (type(batch) is tuple or type(batch) is list):
+                batch = batch_namer(batch)  # dict batches, the usual ones, skip the call
             if batch_begin:
                 sampler = self._sampler
                 indices = None if sampler is None else sampler.batch_indices(
