@@ -74,6 +74,9 @@ class DefaultSampling:
     global one (so the framework's own seeding keeps deciding the order), drawn once per rebuild."""
     copied: tuple[str, ...] = ()
     """The loader's attributes passed to the new loader's constructor under the same name (when present)."""
+    copied_with_workers: tuple[str, ...] = ()
+    """Attributes passed on only when the loader has worker processes (torch refuses ``prefetch_factor``
+    without them)."""
     settings: Callable[[Any], dict[str, Any]] = _no_settings
     """Further constructor settings of a loader, beyond ``copied`` (e.g. ``prefetch_factor`` only with workers)."""
     accepts: Callable[[Any, Any], bool] = _accept
@@ -107,7 +110,8 @@ class DefaultSampling:
     def rebuild(self, loader: Any, batch_sampler: Any, generator: Any = None) -> Any:
         """A loader like ``loader`` (dataset, settings) iterating ``batch_sampler``; with ``generator`` when
         the framework's loaders have one (None: the loader's own)."""
-        settings = {name: getattr(loader, name) for name in self.copied if hasattr(loader, name)}
+        copied = self.copied + (self.copied_with_workers if getattr(loader, "num_workers", 0) > 0 else ())
+        settings = {name: getattr(loader, name) for name in copied if hasattr(loader, name)}
         settings.update(self.settings(loader))
         if self.seed_generator is not None:
             settings["generator"] = loader.generator if generator is None else generator

@@ -94,6 +94,22 @@ def env_int(name: str, default: int | None = None, *, hint: str) -> int:
         raise DriverError(f"the environment variable {name}={raw!r} is not an integer. {hint}.") from None
 
 
+def env_address(name: str, *, hint: str, value: str | None = None) -> tuple[str, int]:
+    """The ``host:port`` environment variable ``name`` as (host, port); ``value``: one entry of its list instead."""
+    text = os.environ[name] if value is None else value
+    host, _, port = text.strip().rpartition(":")
+    if not host or not port.isdigit():
+        raise DriverError(f"the environment variable {name}={text!r} is not host:port. {hint}.")
+    return host, int(port)
+
+
+def env_master(*, hint: str) -> tuple[str, int] | None:
+    """(``MASTER_ADDR``, ``MASTER_PORT``), the rendezvous store most launchers name; None unless both are set."""
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        return os.environ["MASTER_ADDR"], env_int("MASTER_PORT", hint=hint)
+    return None
+
+
 def timeout_option(options: Mapping[str, Any], *, default: float, argument: str) -> float:
     """``options['timeout']``: seconds > 0 (``default`` when absent)."""
     value = options.get("timeout", default)

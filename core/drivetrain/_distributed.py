@@ -15,7 +15,10 @@ dataloaders by the same rules; both are written here once:
   global batch, one seed agreed by all ranks; evaluation: each rank its own
   contiguous shard), the check that every rank has as many training batches, and the
   refusal of a dataloader whose sampling cannot be replaced. The backend rebuilds its
-  own dataloaders (:class:`DataSharding`).
+  own dataloaders (:class:`DataSharding`). The mixin also gives the driver's lifecycle
+  and collectives their shape (``setup`` once, ``on_exception`` through the guard,
+  ``barrier``/``broadcast_object``/``all_gather_object``/``all_reduce`` inside
+  ``_collective``, ``describe``); the backend supplies only the framework calls.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +41,7 @@ from ._spawn import FailureBoard, Launcher, exception_summary
 COMM_ERROR_MARKERS = ("gloo", "nccl", "connection reset", "connection closed", "connection refused", "timed out",
                       "broken pipe")
 """Words in a framework's error text that say a collective broke on the connection (lower case)."""
+_NO_GUARD = contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------- failures
@@ -67,6 +72,16 @@ class CollectiveGuard:
         self.watch: Callable[[str], contextlib.AbstractContextManager] | None = None
         self.broken: str | None = None
         """Why collectives are refused (after this process failed), or None."""
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """Wrap the start-up: if it raises, the children this process started are stopped at exit, not awaited."""
+        try:
+            yield
+        except BaseException:
+            if self.launcher is not None:
+                self.launcher.note_failed()
+            raise
 
     @contextlib.contextmanager
     def collective(self, what: str) -> Iterator[None]:
@@ -202,16 +217,68 @@ class DataSharding:
 
 
 class DistributedDriverMixin:
-    """Rank properties and dataloader sharding for a data-parallel :class:`~drivetrain.Driver`.
+    """Rank properties, dataloader sharding, lifecycle and collectives for a data-parallel :class:`~drivetrain.Driver`.
 
     Put it before the single-process driver in the bases; the driver keeps its
     :class:`~drivetrain._dist_options.DistPlan` in ``self.plan`` and says how to rebuild
-    its dataloaders in the class attribute ``sharding``. ``broadcast_object`` and
-    ``all_gather_object`` must work once ``setup`` ran.
+    its dataloaders in the class attribute ``sharding``. The framework's part is a few
+    hooks: ``_join()`` (the first ``setup``), ``_barrier_op()``,
+    ``_broadcast_op(box, src)`` (``box[0]`` of rank ``src`` into every rank's ``box``),
+    ``_gather_op(obj)`` (every rank's object) and ``_reduce_op(array, op)`` (a numeric
+    array reduced over the ranks), each run inside :meth:`_collective`; and, for a
+    driver with a :class:`CollectiveGuard` in ``_guard``, ``_shut_down()`` once
+    collectives are refused after a failure.
     """
 
     plan: Any
     sharding: DataSharding
+    _guard: CollectiveGuard | None = None
+    _all_failed_grace = 2.0
+    """Seconds to wait for every rank to fail too (then collectives stay allowed, to save on the way out)."""
+    _refusal = "this process {summary}"
+    """Why collectives are refused after this process failed (``{summary}``: one line about the exception)."""
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self) -> None:
+        """Join the run and prepare the model, once: a later call (another run or evaluate) keeps that."""
+        if self.__dict__.get("_joined"):
+            return
+        self._joined = True
+        self._join()
+
+    def _join(self) -> None:
+        raise NotImplementedError
+
+    def _single_setup(self) -> None:
+        """The single-process driver's ``setup`` (the device, the model's placement), for ``_join``."""
+        super().setup()  # type: ignore[misc]
+
+    def on_exception(self) -> None:
+        """Post why this process fails, so that peers blocked in a collective with it can name it.
+
+        When every rank fails together (an error on all of them, Ctrl-C) collectives stay
+        allowed, so that callbacks can still save a checkpoint on the way out; otherwise
+        further collectives are refused (a peer would never join them) and ``_shut_down`` runs.
+        """
+        guard = self._guard
+        if guard is not None and guard.fail(sys.exc_info()[1], grace=min(self._all_failed_grace, self.plan.timeout),
+                                            broken=self._refusal):
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        """After a failure, with collectives refused: release the framework's process group (if it should)."""
+
+    def describe(self) -> str:
+        """The single-process description with this process's place in the run (and the communication
+        backend, when the framework has several)."""
+        _, _, details = super().describe().partition(") ")  # type: ignore[misc]
+        backend = getattr(self.plan, "backend", None)
+        via = f" backend={backend}" if backend not in (None, self.name) else ""  # type: ignore[attr-defined]
+        return (f"{self.name} driver ({self._kind()}) rank {self.rank}/{self.world_size}{via} "  # type: ignore[attr-defined]
+                f"{details}")
+
+    def _kind(self) -> str:
+        return type(self).__qualname__
 
     def is_distributed(self) -> bool:
         return True
@@ -227,6 +294,70 @@ class DistributedDriverMixin:
     @property
     def world_size(self) -> int:
         return self.plan.world_size
+
+    def _timeout_words(self, existing: str = "") -> str:
+        """How messages name the collectives' timeout (``torch_kwargs['timeout']=60 s``), or ``existing``
+        when the user started the process group (its timeout is theirs)."""
+        if existing and self.plan.launch == "existing":
+            return existing
+        return f"{self.sharding.option}['timeout']={self.plan.timeout:g} s"
+
+    # ---------------------------------------------------------------- collectives
+    def _collective(self, what: str) -> contextlib.AbstractContextManager:
+        """What every collective runs in: the guard's (a broken one names the peer), when there is one."""
+        return self._guard.collective(what) if self._guard is not None else _NO_GUARD
+
+    def barrier(self) -> None:
+        with self._collective("barrier()"):
+            self._barrier_op()
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
+            raise DriverError(f"broadcast_object(src={src!r}): src must be a rank in 0..{self.world_size - 1}.")
+        box = [obj if self.rank == src else None]
+        with self._collective("broadcast_object()"):
+            self._broadcast_op(box, src)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        with self._collective("all_gather_object()"):
+            return self._gather_op(obj)
+
+    def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+        """Reduce a numeric numpy array over the ranks (``sum``, ``max``, ``min``)."""
+        super().all_reduce(array, op)  # type: ignore[misc]
+        array = reducible_array(array)
+        with self._collective("all_reduce()"):
+            return self._reduce_op(array, op)
+
+    def _check_same_gradients(self, params: list[Any]) -> None:
+        """Once, for a backend that averages gradients itself: every process must have gradients for the same
+        ``params`` (else the flat all-reduce would mix up tensors), which holds unless ranks use different ones."""
+        if self.__dict__.get("_gradients_checked"):
+            return
+        self._gradients_checked = True
+        names = {id(p): name for name, p in self.model.named_parameters()}  # type: ignore[attr-defined]
+        mine = [names.get(id(p), "?") for p in params]
+        everyone = self.all_gather_object(mine)
+        if any(other != mine for other in everyone):
+            differ = sorted(set().union(*map(set, everyone)) - set.intersection(*map(set, everyone)))
+            raise DriverError(
+                f"the processes computed gradients for different parameters (e.g. {differ[:5]}): a parameter "
+                f"was not used by every process in this step. Pass {self.sharding.option}={{'find_unused_parameters': "
+                "True} to average every parameter's gradient (a zero one where it was not used)."
+            )
+
+    def _barrier_op(self) -> None:
+        raise NotImplementedError
+
+    def _broadcast_op(self, box: list[Any], src: int) -> None:
+        raise NotImplementedError
+
+    def _gather_op(self, obj: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def _reduce_op(self, array: np.ndarray, op: str) -> np.ndarray:
+        raise NotImplementedError
 
     def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
         self._argument_names()[id(dataloader)] = argument  # named again if its sampling cannot be replaced
@@ -262,7 +393,7 @@ class DistributedDriverMixin:
             loader = sharding.reproducible(
                 dataloader, num_replicas=self.world_size if train else 1, rank=self.rank if train else 0,
                 even_batches=self.plan.even_batches and train,
-                agree_seed=lambda seed: self.broadcast_object(seed, src=0))  # type: ignore[attr-defined]
+                agree_seed=lambda seed: self.broadcast_object(seed, src=0))
         except ConfigurationError as exc:
             raise DriverError(f"{sharding.option}['even_batches']=True: {exc}") from None
         if train and find_reproducible_sampler(loader) is None:
@@ -287,7 +418,7 @@ class DistributedDriverMixin:
             count: int | None = len(dataloader)
         except TypeError:
             count = None
-        counts = self.all_gather_object(count)  # type: ignore[attr-defined]
+        counts = self.all_gather_object(count)
         if len(set(counts)) > 1:
             listed = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
             raise DriverError(

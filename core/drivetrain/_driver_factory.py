@@ -8,6 +8,7 @@ the distributed question is the backend's own: it passes it as ``distributed``.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,6 +23,32 @@ DistributedChoice = Callable[[Any, Any, "int | None", dict[str, Any]], "Driver |
 ``model_wo_auto_param_call``, ``framework_kwargs``) to pass on; raise a DriverError
 for a layout the backend cannot run (with the command that would run it).
 """
+
+
+def _imported(target: str) -> Any:
+    """The object a ``"module:attribute"`` string names, its module imported now."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def planned_distributed(plan: str | Callable[..., Any], driver: str) -> DistributedChoice:
+    """A ``distributed`` choice for :func:`module_driver_factory` from a planner and a driver class.
+
+    ``plan(model, device, nproc, framework_kwargs)`` (or the ``"module:function"`` naming it,
+    imported only when a driver is built) returns the distributed run's plan, or None for one
+    process; ``driver`` (``"module:Class"``, imported only when a plan comes back) is built as
+    ``Class(model, plan, **options)``. Lazy imports keep the distributed modules out of
+    single-process runs.
+    """
+
+    def distributed(model: Any, device: Any, nproc: int | None, options: dict[str, Any]) -> Driver | None:
+        planner = _imported(plan) if isinstance(plan, str) else plan
+        layout = planner(model, device, nproc, options["framework_kwargs"] or {})
+        if layout is None:
+            return None
+        return _imported(driver)(model, layout, **options)
+
+    return distributed
 
 
 def module_driver_factory(single: type[ModuleDriver],

@@ -118,7 +118,10 @@ class Evaluator:
     once: the evaluate function and the metrics both see the mapped batch;
     ``output_mapping`` is applied to the function's outputs before the metrics see
     them. ``progress_bar`` takes the Trainer's values (``"auto"``, ``"rich"``,
-    ``"tqdm"``, ``"raw"``, ``None``).
+    ``"tqdm"``, ``"raw"``, ``None``). Framework options go in ``<driver>_kwargs`` dicts
+    (e.g. ``torch_kwargs={...}``); any other unknown keyword is reported as a misspelt argument.
+    ``_argument_names`` is internal: the Trainer passes the names its users know the
+    mappings by (``evaluate_input_mapping``, ...), so that error messages use them.
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class Evaluator:
         verbose: int = 1,
         use_dist_sampler: bool = True,
         progress_bar: Any = "auto",
+        _argument_names: ArgumentNames | None = None,
         **kwargs: Any,
     ) -> None:
         self.dataloaders = _normalise_dataloaders(dataloaders, "dataloaders")
@@ -147,11 +151,12 @@ class Evaluator:
         if evaluate_fn is not None and not isinstance(evaluate_fn, str):
             raise ConfigurationError(f"evaluate_fn={evaluate_fn!r} must be a method name (str) or None.")
         check_int(verbose, "verbose", minimum=0)
-        names = kwargs.pop("_argument_names", ArgumentNames())
+        names = ArgumentNames() if _argument_names is None else _argument_names
         backend_kwargs, unknown = split_backend_kwargs(kwargs)
         if unknown:
+            public = [name for name in parameter_names(Evaluator.__init__) if not name.startswith("_")]
             raise unknown_arguments_error(
-                "Evaluator", unknown, parameter_names(Evaluator.__init__),
+                "Evaluator", unknown, public,
                 "Framework options go in '<driver>_kwargs' (e.g. torch_kwargs={...}).")
         self.verbose = verbose
         self._display = choose_loop_display(progress_bar)

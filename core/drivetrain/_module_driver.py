@@ -16,9 +16,12 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from ._backend_checks import check_framework_kwargs, check_lrs, check_model_type
+from ._backend_checks import bool_option, check_framework_kwargs, check_lrs, check_model_type
 from ._driver import Driver
 from ._errors import DriverError
+
+NULL_CONTEXT = contextlib.nullcontext()
+"""One shared no-op context (``auto_cast`` in full precision), so the hot path allocates none."""
 
 
 class ModuleDriver(Driver):
@@ -39,11 +42,21 @@ class ModuleDriver(Driver):
       ``load_gradient_state(model, grads)`` and ``optimizer_state_for_load(state, where)``.
     - ``optimizer_load_errors``: the exceptions a framework's ``load_state_dict`` raises for
       a state of other parameter groups (reported with the fix).
+    - ``rng_ops``: the backend's RNG module, with ``rng_state()`` and ``load_rng_state(state)``
+      (or override :meth:`rng_state` / :meth:`load_rng_state`).
+    - ``not_here_kwargs``: ``{option: why it does not apply here}`` for other options refused with a hint.
+
+    Attributes :meth:`configure` may set: ``_precision`` (an object with ``autocast()``, ``state()``
+    and ``load_state(state)``) and ``grad_scaler`` (one with torch's ``GradScaler`` API:
+    ``scale``, ``unscale_``, ``step``, ``update``), which :meth:`auto_cast`, :meth:`run_backward`
+    and :meth:`step` use.
 
     Hooks (framework): :meth:`resolve_device`, :meth:`configure`, :meth:`no_grad`,
     :meth:`optimizer_params`, :meth:`loss_requires_grad`, :meth:`run_backward`,
     :meth:`clip_gradients`, :meth:`move_data_to_device`, :meth:`tensor_to_numpy`,
     :meth:`reproducible_dataloader`, :meth:`seed`, :meth:`rng_state`, :meth:`load_rng_state`.
+    The defaults of :meth:`no_grad` and :meth:`clip_gradients` call the framework's torch-style
+    ``no_grad()`` and ``nn.utils.clip_grad_norm_`` / ``clip_grad_value_``.
     """
 
     framework: ModuleType
@@ -59,10 +72,14 @@ class ModuleDriver(Driver):
     accepted_kwargs: Mapping[str, str] = {}
     distributed_only_kwargs: tuple[str, ...] = ()
     distributed_hint: str = "train distributed"
+    not_here_kwargs: Mapping[str, str] = {}
     optimizer_example: str = "an optimizer over model.parameters()"
     dataloader_example: str = "a DataLoader(dataset, batch_size=32, shuffle=True)"
     state_ops: Any = None
     optimizer_load_errors: tuple[type[BaseException], ...] = (ValueError,)
+    rng_ops: Any = None
+    _precision: Any = None
+    grad_scaler: Any = None
 
     def __init__(self, model: Any, device: Any, *, precision: str = "fp32", grad_clip: float | None = None,
                  grad_clip_type: str = "norm", model_wo_auto_param_call: bool = False,
@@ -87,6 +104,7 @@ class ModuleDriver(Driver):
         not_here = {key: f"applies to distributed {cls.name} training, but this run is a single process; remove "
                          f"it, or {cls.distributed_hint}."
                     for key in cls.distributed_only_kwargs if key not in accepted}
+        not_here.update(cls.not_here_kwargs)
         return check_framework_kwargs(framework_kwargs, accepted, argument=f"{cls.name}_kwargs", not_here=not_here)
 
     def resolve_device(self, device: Any, model: Any) -> Any:
@@ -95,6 +113,10 @@ class ModuleDriver(Driver):
 
     def configure(self, options: dict[str, Any]) -> None:
         """(framework) Apply the checked ``<name>_kwargs`` (precision machinery, per-batch settings)."""
+
+    def flag_option(self, options: Mapping[str, Any], key: str, default: bool) -> bool:
+        """``options[key]`` (or ``default``) of ``<name>_kwargs``, refused unless it is a real bool."""
+        return bool_option(options, key, default, argument=f"{self.name}_kwargs")
 
     # ----------------------------------------------------------------- model
     def setup(self) -> None:
@@ -108,6 +130,14 @@ class ModuleDriver(Driver):
             self.model.eval()
         else:
             raise DriverError(f"set_model_mode(mode={mode!r}) accepts 'train' or 'eval'.")
+
+    def no_grad(self) -> contextlib.AbstractContextManager:
+        """(framework) The framework's ``no_grad()`` context."""
+        return self.framework.no_grad()
+
+    def auto_cast(self) -> contextlib.AbstractContextManager:
+        """The precision machinery's ``autocast()`` context (none without one)."""
+        return NULL_CONTEXT if self._precision is None else self._precision.autocast()
 
     # ---------------------------------------------------------- optimisation
     def optimizer_params(self, optimizer: Any) -> list[Any]:
@@ -137,8 +167,9 @@ class ModuleDriver(Driver):
         return bool(loss.requires_grad)
 
     def run_backward(self, loss: Any) -> None:
-        """(framework) Backward from a checked loss (scaled first under fp16)."""
-        loss.backward()
+        """(framework) Backward from a checked loss (scaled by ``grad_scaler`` first when there is one)."""
+        scaler = self.grad_scaler
+        (loss if scaler is None else scaler.scale(loss)).backward()
 
     def backward(self, loss: Any) -> None:
         if not isinstance(loss, self.tensor_type) or not self.loss_requires_grad(loss):
@@ -171,17 +202,36 @@ class ModuleDriver(Driver):
 
     def clip_gradients(self, params: list[Any]) -> None:
         """(framework) Clip the gradients of ``params`` to ``grad_clip`` by norm or by value."""
-        raise NotImplementedError
+        utils = self.framework.nn.utils
+        if self.grad_clip_type == "norm":
+            utils.clip_grad_norm_(params, self.grad_clip)
+        else:
+            utils.clip_grad_value_(params, self.grad_clip)
 
     def trainable_params(self) -> list[Any]:
         """Every parameter of every optimizer, for clipping."""
         return [p for optimizer in self.optimizers for p in self.optimizer_params(optimizer)]
 
+    def _optimizers_to_step(self) -> list[Any]:
+        """What :meth:`step` steps: the user's optimizers (a distributed driver may wrap them)."""
+        return self.optimizers
+
     def step(self) -> None:
+        """Clip (the unscaled gradients, under a ``grad_scaler``), then step every optimizer."""
+        scaler = self.grad_scaler
+        optimizers = self._optimizers_to_step()
         if self.grad_clip is not None:
+            if scaler is not None:
+                for optimizer in optimizers:
+                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             self.clip_gradients(self.trainable_params())
-        for optimizer in self.optimizers:
-            optimizer.step()
+        if scaler is None:
+            for optimizer in optimizers:
+                optimizer.step()
+            return
+        for optimizer in optimizers:
+            scaler.step(optimizer)
+        scaler.update()
 
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:
@@ -258,13 +308,25 @@ class ModuleDriver(Driver):
             ) from exc
 
     def precision_state(self) -> Any:
-        precision = getattr(self, "_precision", None)
-        return None if precision is None else precision.state()
+        return None if self._precision is None else self._precision.state()
 
     def load_precision_state(self, state: Any) -> None:
-        precision = getattr(self, "_precision", None)
-        if precision is not None:
-            precision.load_state(state)
+        if self._precision is not None:
+            self._precision.load_state(state)
+
+    def _rng_module(self) -> Any:
+        if self.rng_ops is None:
+            raise NotImplementedError(
+                f"{type(self).__qualname__} sets no rng_ops: set it to a module with rng_state() and "
+                "load_rng_state(state), or override rng_state and load_rng_state."
+            )
+        return self.rng_ops
+
+    def rng_state(self) -> dict[str, Any]:
+        return self._rng_module().rng_state()
+
+    def load_rng_state(self, state: Mapping[str, Any]) -> None:
+        self._rng_module().load_rng_state(state)
 
     def framework_version(self) -> str:
         return str(self.framework.__version__)
@@ -272,7 +334,3 @@ class ModuleDriver(Driver):
     def describe(self) -> str:
         return (f"{self.name} driver ({type(self).__qualname__}) device={self.device} precision={self.precision} "
                 f"{self.name}={self.framework_version()}")
-
-
-NULL_CONTEXT = contextlib.nullcontext()
-"""One shared no-op context (``auto_cast`` in full precision), so the hot path allocates none."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._errors import BatchMismatchError, ConfigurationError
 from ._outputs import find_loss
@@ -81,18 +81,33 @@ def _renaming_hint(missing: list[str], spare: list[Any]) -> str:
     return "pass input_mapping= a function returning a dict with those keys"
 
 
-def _positional_signature(fn: Callable) -> tuple[list[str], int, bool]:
-    """(positional parameter names, how many are required, takes ``*args``) of ``fn``."""
+class PositionalParameters(NamedTuple):
+    """What :func:`positional_parameters` reads from a signature."""
+
+    names: list[str]
+    """The positional parameter names, in order."""
+    required: int
+    """How many of them have no default."""
+    var_args: bool
+    """Whether the function takes ``*args``."""
+    var_kw: bool
+    """Whether the function takes ``**kwargs``."""
+
+
+def positional_parameters(fn: Callable) -> PositionalParameters:
+    """(positional parameter names, how many are required, takes ``*args``, takes ``**kwargs``) of ``fn``."""
     names: list[str] = []
     required = 0
-    var_pos = False
+    var_pos = var_kw = False
     for p in inspect.signature(fn).parameters.values():
         if p.kind is p.VAR_POSITIONAL:
             var_pos = True
+        elif p.kind is p.VAR_KEYWORD:
+            var_kw = True
         elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             names.append(p.name)
             required += p.default is p.empty
-    return names, required, var_pos
+    return PositionalParameters(names, required, var_pos, var_kw)
 
 
 def make_batch_namer(signature_fn: Callable, wo_auto_param_call: bool) -> Callable[[Any], Any] | None:
@@ -106,7 +121,7 @@ def make_batch_namer(signature_fn: Callable, wo_auto_param_call: bool) -> Callab
     if wo_auto_param_call:
         return None
     try:
-        names, required, var_pos = _positional_signature(signature_fn)
+        names, required, var_pos, _ = positional_parameters(signature_fn)
     except (TypeError, ValueError):  # a builtin without a signature: nothing to match against
         return None
     if var_pos or len(names) <= 1:

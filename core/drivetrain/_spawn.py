@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import itertools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn, Protocol
 
 from ._errors import DriverError
 
@@ -44,10 +46,12 @@ READY_KEY = PREFIX + "ready/{rank}"
 EXIT_KEY = PREFIX + "exit/{rank}"
 """Set by the launcher when a process it started exits with a non-zero code."""
 
+LOCALHOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 _POLL = 0.1
 _STOP_GRACE = 2.0  # seconds the children get to end by themselves once this process failed
 _STARTUP_FLOOR = 60.0  # starting Python and importing a framework takes seconds on a loaded machine
+_generations = itertools.count()
 
 
 class Store(Protocol):
@@ -64,19 +68,59 @@ class CheckedStore:
     def __init__(self, store: Any) -> None:
         self.store = store
 
+    def _handle(self) -> Any:
+        """The store to talk to (:class:`ThreadStore`: this thread's connection)."""
+        return self.store
+
     def set(self, key: str, value: str) -> None:
-        self.store.set(key, value)
-        self.store.add(key + "/#", 1)
+        store = self._handle()
+        store.set(key, value)
+        store.add(key + "/#", 1)
 
     def get(self, key: str) -> bytes:
-        value = self.store.get(key)
+        value = self._handle().get(key)
         return bytes(value) if not isinstance(value, bytes) else value
 
     def add(self, key: str, amount: int) -> int:
-        return int(self.store.add(key, amount))
+        return int(self._handle().add(key, amount))
 
     def check(self, keys: list[str]) -> bool:
-        return all(self.store.add(key + "/#", 0) > 0 for key in keys)
+        return all(self._handle().add(key + "/#", 0) > 0 for key in keys)
+
+
+class ThreadStore(CheckedStore):
+    """A :class:`CheckedStore` over a store whose handle is one connection, not to be shared between threads
+    (paddle's ``TCPStore``): each thread gets its own from ``connect()``.
+
+    Connecting to a store whose host died may retry forever, while a connection made before fails at
+    once; so a thread connects only through :meth:`connect_here`, called while every process is alive,
+    and a thread that did not is refused (the board then just names no rank). ``hosted`` is this
+    process's own server: it is kept alive, serves as the creating thread's connection, and any thread
+    may connect to it later (it cannot be gone). ``where`` names the store in errors.
+    """
+
+    def __init__(self, connect: Callable[[], Any], where: str, hosted: Any = None) -> None:
+        super().__init__(hosted)
+        self.where = where
+        self._connect = connect
+        self._local = threading.local()
+        self._local.conn = hosted
+
+    def connect_here(self) -> None:
+        """Open the calling thread's connection now (best effort)."""
+        if getattr(self._local, "conn", None) is None:
+            try:
+                self._local.conn = self._connect()
+            except Exception:  # noqa: BLE001 - without it, errors just name no rank
+                self._local.conn = None
+
+    def _handle(self) -> Any:
+        if getattr(self._local, "conn", None) is None and self.store is not None:
+            self.connect_here()
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            raise ConnectionError(f"this thread has no connection to the store at {self.where}")
+        return conn
 
 
 # ------------------------------------------------------------------ descriptions
@@ -105,12 +149,15 @@ def exception_summary(exc: BaseException | None) -> str:
 # ------------------------------------------------------------------ the board
 class FailureBoard:
     """Failure notices of one driver's run; ``generation`` keeps a later Trainer in the same
-    processes from reading an earlier one's notices."""
+    processes from reading an earlier one's notices (by default, the number of boards this
+    process made before: every rank makes them in the same order)."""
 
-    def __init__(self, store: Store, rank: int, world_size: int, generation: int) -> None:
+    def __init__(self, store: Store, rank: int, world_size: int, generation: int | None = None) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
+        if generation is None:
+            generation = next(_generations)
         self._failed = f"{PREFIX}{generation}/failed/{{rank}}"
         self._count = f"{PREFIX}{generation}/failed_count"
 
@@ -217,8 +264,36 @@ def die_with_parent(parent_pid: int) -> Any:
     return preexec
 
 
+def startup_patience(timeout: float) -> float:
+    """How long starting the processes may take: ``timeout``, but at least a minute (starting Python and
+    importing a framework takes seconds on a loaded machine, and a tight collective timeout must not fail it)."""
+    return max(timeout, _STARTUP_FLOOR)
+
+
+def free_ports(count: int, host: str = LOCALHOST) -> list[int]:
+    """``count`` distinct TCP ports nobody listens on right now (for a rendezvous on this machine)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def local_launch_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The variables ``torchrun``-style launchers set for ``rank`` of a run on this machine whose
+    rendezvous is ``port`` on 127.0.0.1 (``MASTER_ADDR``/``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ...)."""
+    return {"MASTER_ADDR": LOCALHOST, "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)}
+
+
 class Launcher:
-    """The processes of ranks 1..N-1, started and watched by rank 0.
+    """The processes of ranks 1..N-1, started and watched by rank 0 (:meth:`start`), or of every rank,
+    started and watched by a process that only supervises them (:meth:`supervise`).
 
     ``timeout_option`` names the option that sets ``timeout`` (e.g.
     ``"torch_kwargs['timeout']"``), for the messages. ``drop_env`` lists prefixes of
@@ -246,6 +321,37 @@ class Launcher:
     def start(self, store: Store, child_env: Callable[[int], Mapping[str, str]]) -> None:
         """Start ranks 1..N-1 with this environment plus ``child_env(rank)``; ``store`` is the run's store."""
         self.store = store
+        atexit.register(self._at_exit)
+        self._spawn(range(1, self.world_size), child_env)
+        threading.Thread(target=self._monitor, name="drivetrain-monitor", daemon=True).start()
+
+    def supervise(self, child_env: Callable[[int], Mapping[str, str]]) -> NoReturn:
+        """Run every rank (0..N-1) as a child and exit this process with their verdict.
+
+        For a framework that joins its peers when it is imported (oneflow), so that this
+        process cannot become rank 0: it only supervises. When a child fails, it is named
+        on stderr, the others get ``timeout`` seconds to stop by themselves and are then
+        killed, and this process exits with code 1 (0 when every child succeeded, 130 on Ctrl-C).
+        """
+        self._spawn(range(self.world_size), child_env)
+        try:
+            self._wait_children(announce=True)
+        except KeyboardInterrupt:
+            self._stop(self._running())
+            _flush()
+            raise SystemExit(130) from None
+        self._join_pumps()
+        failed = {r: c for r, c in sorted(self.exit_codes.items()) if c != 0}
+        if failed:
+            listed = "; ".join(f"rank {r} {exit_description(c)}" + (" (stopped by the supervisor)"
+                                                                     if r in self._stopped else "")
+                               for r, c in failed.items())
+            _say(f"the distributed run failed: {listed}.")
+        _flush()
+        raise SystemExit(1 if failed else 0)
+
+    def _spawn(self, ranks: Iterable[int], child_env: Callable[[int], Mapping[str, str]]) -> None:
+        """Start ``ranks`` running the command; they die with this process (Linux)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(self.drop_env)} if self.drop_env \
             else dict(os.environ)
         env[SPAWN_PARENT_ENV] = str(os.getpid())
@@ -253,8 +359,7 @@ class Launcher:
         if piped:
             env["PYTHONUNBUFFERED"] = "1"
         preexec = die_with_parent(os.getpid()) if os.name == "posix" else None
-        atexit.register(self._at_exit)
-        for rank in range(1, self.world_size):
+        for rank in ranks:
             proc = subprocess.Popen(
                 self.command, env={**env, **child_env(rank)}, preexec_fn=preexec,
                 stdout=subprocess.PIPE if piped else None, stderr=subprocess.PIPE if piped else None,
@@ -266,7 +371,6 @@ class Launcher:
                                             name=f"drivetrain-rank{rank}-output", daemon=True)
                     pump.start()
                     self._pumps.append(pump)
-        threading.Thread(target=self._monitor, name="drivetrain-monitor", daemon=True).start()
 
     def wait_ready(self) -> None:
         """Wait until every child reached its Trainer (set :data:`READY_KEY`); fail at once if one exits first.
@@ -276,7 +380,7 @@ class Launcher:
         a slow start-up fail.
         """
         assert self.store is not None, "start() first"
-        patience = max(self.timeout, _STARTUP_FLOOR)
+        patience = startup_patience(self.timeout)
         deadline = time.monotonic() + patience
         waiting = set(self.children)
         while waiting:
@@ -342,13 +446,10 @@ class Launcher:
         """A child failed and this process has not noticed within ``timeout`` (it is in no collective):
         stop it all, as the frameworks' launchers stop every process once one fails."""
         listed = "; ".join(f"rank {r} {what}" for r, what in sorted(self.failures().items()))
-        sys.stderr.write(
-            f"drivetrain: {listed}, and rank 0 (this process) is still running {self.timeout:g} s later without "
-            "having noticed (it is not waiting in any collective operation); stopping every process. Raise "
-            f"{self.timeout_option} if rank 0 legitimately works alone that long.\n"
-        )
-        sys.stderr.flush()
-        self._stop([r for r in self.children if self.children[r].poll() is None])
+        _say(f"{listed}, and rank 0 (this process) is still running {self.timeout:g} s later without having "
+             "noticed (it is not waiting in any collective operation); stopping every process. Raise "
+             f"{self.timeout_option} if rank 0 legitimately works alone that long.")
+        self._stop(self._running())
         os._exit(1)
 
     # ------------------------------------------------------------------ ending
@@ -367,16 +468,25 @@ class Launcher:
             while time.monotonic() < deadline and any(self.children[r].poll() is None for r in alive):
                 time.sleep(0.05)
 
-    def _wait_children(self) -> None:
-        """Wait for every child; once one fails (or this process did), stop the rest after a grace."""
+    def _running(self) -> list[int]:
+        return [r for r in self.children if self.children[r].poll() is None]
+
+    def _wait_children(self, announce: bool = False) -> None:
+        """Wait for every child; once one fails (or this process did), stop the rest after a grace.
+        ``announce``: name the failed children on stderr as soon as they are seen."""
         failed_at: float | None = time.monotonic() if self._failed else None
         while True:
             self._collect()
+            if failed_at is None and any(c != 0 for c in self.exit_codes.values()):
+                failed_at = time.monotonic()
+                if announce:
+                    listed = "; ".join(f"rank {r} of {self.world_size} {what}"
+                                       for r, what in sorted(self.failures().items()))
+                    _say(f"{listed}; the other processes stop too (killed if still running after "
+                         f"{self.timeout_option}={self.timeout:g} s).")
             running = [r for r in self.children if r not in self.exit_codes]
             if not running:
                 return
-            if failed_at is None and any(c != 0 for c in self.exit_codes.values()):
-                failed_at = time.monotonic()
             grace = _STOP_GRACE if self._failed else self.timeout
             if failed_at is not None and time.monotonic() - failed_at > grace:
                 self._stop(running)
@@ -384,21 +494,34 @@ class Launcher:
                 return
             time.sleep(_POLL)
 
+    def _join_pumps(self) -> None:
+        for pump in self._pumps:
+            pump.join(timeout=2.0)
+
     def _at_exit(self) -> None:
         self._exiting = True
         try:
             self._wait_children()
         except KeyboardInterrupt:
-            self._stop([r for r in self.children if self.children[r].poll() is None])
-        for pump in self._pumps:
-            pump.join(timeout=2.0)
+            self._stop(self._running())
+        self._join_pumps()
         failures = self.failures()
         if failures:
             listed = "; ".join(f"rank {r} {what}" for r, what in sorted(failures.items()))
-            sys.stdout.flush()
-            sys.stderr.write(f"drivetrain: a process started by the Trainer failed: {listed}.\n")
-            sys.stderr.flush()
+            _say(f"a process started by the Trainer failed: {listed}.")
             os._exit(1)
+
+
+def _flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _say(text: str) -> None:
+    """One ``drivetrain: ...`` line on stderr, after what this process printed so far."""
+    sys.stdout.flush()
+    sys.stderr.write(f"drivetrain: {text}\n")
+    sys.stderr.flush()
 
 
 def pump_output(stream: Any, fd: int, prefix: bytes) -> None:

@@ -12,20 +12,13 @@ import contextlib
 import os
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from ._callbacks import Callback, CallbackManager, normalise_callbacks
-from ._checkpoint.folder import CheckpointError, read_checkpoint, resolve_resume_folder, write_checkpoint
-from ._checkpoint.training import (
-    Position,
-    build_checkpoint,
-    build_model_checkpoint,
-    check_model_fits,
-    decode_checkpoint,
-    process_state,
-    restore_process_state,
-)
+from ._checkpoint import trainer_io
+from ._checkpoint.folder import resolve_resume_folder
+from ._checkpoint.training import Position
 from ._dataloaders import OverfitLoader, TruncatedLoader, loader_length
 from ._driver import Driver
 from ._errors import ConfigurationError, EarlyStopException
@@ -52,9 +45,7 @@ from ._trainer_options import (
     check_step_functions,
 )
 
-MODEL_FILENAME = "model.safetensors"
 _SAME_AS_TRAINER: Any = type("SameAsTrainer", (), {"__repr__": lambda self: "<the trainer's progress_bar>"})()
-
 
 
 def _default_batch_step(trainer: Trainer, batch: Any) -> None:
@@ -323,10 +314,24 @@ class Trainer:
         return -every if self.evaluator is not None and isinstance(every, int) and every < 0 else 0
 
     def _run_epoch(self) -> None:
-        driver = self.driver
-        handlers = self._handlers
-        fire = self.fire
-        driver.set_model_mode("train")
+        """One epoch: find where it starts, announce it, run its batches, apply a cycle the data cut short."""
+        self.driver.set_model_mode("train")
+        start = self._take_resume_position()
+        self._epoch_start_batch = self.batch_idx_in_epoch = start
+        self._epoch_length = self._epoch_stop(start)
+        self.fire("on_train_epoch_begin")
+        self.driver.set_sampler_epoch(self.dataloader, self.cur_epoch_idx)
+        iterator = iter(self.dataloader)
+        for _ in range(self._batches_to_skip(start)):  # only for dataloaders without a reproducible sampler
+            next(iterator, None)
+        self._in_epoch = True
+        self._run_batches(iterator)
+        self._in_epoch = False
+        if self.accumulation_steps > 1 and self._unstepped_gradients:
+            self._step_cut_short_cycle()
+
+    def _take_resume_position(self) -> int:
+        """Batches of this epoch a resumed run has done already (0 otherwise); used once, then cleared."""
         start, self._resume_batches = self._resume_batches, 0
         if self._sampler is not None and (start or self._resume_samples):
             # Continue from the saved global sample offset; with another world size the
@@ -336,31 +341,47 @@ class Trainer:
             self._sampler.resume(self.cur_epoch_idx, offset)
             start = len(self._sampler) - self._sampler.batches_left()
         self._resume_samples = None
-        self._epoch_start_batch = start
-        self.batch_idx_in_epoch = start
+        return start
+
+    def _epoch_stop(self, start: int) -> int | None:
+        """The batch index this epoch ends at: its length, or earlier where ``n_batches`` is reached (None: unknown)."""
         per_epoch = self.num_batches_per_epoch
-        remaining = None if self.n_batches is None else start + self.n_batches - self.global_forward_batches
-        self._epoch_length = per_epoch if remaining is None else (
-            remaining if per_epoch is None else min(per_epoch, remaining))
-        fire("on_train_epoch_begin")
-        driver.set_sampler_epoch(self.dataloader, self.cur_epoch_idx)
-        skip = self._position_sampler(start)
-        evaluator = self.evaluator
-        every = self.evaluate_every if evaluator is not None else None
-        every_batches = every if isinstance(every, int) and every > 0 else 0
-        every_fn = every if callable(every) else None
-        batch_step_fn = self.batch_step_fn
-        stop_at = self._epoch_length
-        # Looked up once: these are the very lists handlers are appended to, so later additions count.
+        if self.n_batches is None:
+            return per_epoch
+        remaining = start + self.n_batches - self.global_forward_batches
+        return remaining if per_epoch is None else min(per_epoch, remaining)
+
+    def _batches_to_skip(self, start: int) -> int:
+        """How many batches to read and drop to start after ``start`` (a reproducible sampler resumes by itself)."""
+        if start == 0 or self._sampler is not None:
+            return 0
+        warnings.warn(
+            f"resuming mid-epoch without a reproducible sampler: the first {start} batches of epoch "
+            f"{self.cur_epoch_idx} are read and dropped, and their order is only the same if the dataloader "
+            "does not shuffle. Use a dataloader whose sampler the driver can replace for exact resume.",
+            RuntimeWarning, stacklevel=3,
+        )
+        return start
+
+    def _run_batches(self, iterator: Iterator[Any]) -> None:
+        """The per-batch loop, in the order of events of DESIGN.md.
+
+        The hot path: everything it needs is looked up once into locals, and each event
+        is fired only when a handler listens to it.
+        """
+        fire, sampler = self.fire, self._sampler
+        # The very lists handlers are appended to, so handlers added during the epoch count.
+        handlers = self._handlers
         fetch_begin, fetch_end = handlers["on_fetch_data_begin"], handlers["on_fetch_data_end"]
         batch_begin, batch_end = handlers["on_train_batch_begin"], handlers["on_train_batch_end"]
-        move_data_to_device = driver.move_data_to_device
-        input_fn, batch_namer = self._input_fn, self._batch_namer
-        iterator = iter(self.dataloader)
-        for _ in range(skip):  # only for dataloaders without a reproducible sampler
-            next(iterator, None)
-        self._in_epoch = True
+        move_data_to_device = self.driver.move_data_to_device
+        input_fn, batch_namer, batch_step_fn = self._input_fn, self._batch_namer, self.batch_step_fn
+        every = self.evaluate_every if self.evaluator is not None else None
+        every_batches = every if isinstance(every, int) and every > 0 else 0
+        every_fn = every if callable(every) else None
+        stop_at = self._epoch_length
         while True:
+            # -- fetch
             if fetch_begin:
                 fire("on_fetch_data_begin")
             try:
@@ -370,13 +391,14 @@ class Trainer:
             self._mid_batch = True
             if fetch_end:
                 fire("on_fetch_data_end")
+            # -- prepare: on the device, mapped once (the step, the metrics and the callbacks see the same batch)
             batch = move_data_to_device(batch)
-            if input_fn is not None:  # mapped once: the step, the metrics and the callbacks see the same batch
+            if input_fn is not None:
                 batch = input_fn(batch)
             if batch_namer is not None and (type(batch) is tuple or type(batch) is list):
                 batch = batch_namer(batch)  # dict batches, the usual ones, skip the call
+            # -- step
             if batch_begin:
-                sampler = self._sampler
                 indices = None if sampler is None else sampler.batch_indices(
                     self.batch_idx_in_epoch - self._epoch_start_batch)
                 fire("on_train_batch_begin", batch, indices)
@@ -386,32 +408,19 @@ class Trainer:
             self._mid_batch = False
             if batch_end:
                 fire("on_train_batch_end")
+            # -- evaluate when scheduled; stop at the epoch's planned end
             if (every_batches and self.global_forward_batches % every_batches == 0) or (
                     every_fn is not None and every_fn(self)):
                 self._evaluate()
             if stop_at is not None and self.batch_idx_in_epoch >= stop_at:
                 break
-        self._in_epoch = False
-        if self.accumulation_steps > 1 and self._unstepped_gradients:
-            # The data ran out inside a cycle (a dataloader without len): apply what was accumulated.
-            self._force_step = True
-            self.step()
-            self.zero_grad()
-            self._force_step = False
 
-    def _position_sampler(self, start: int) -> int:
-        """Start the epoch after ``start`` batches; return how many batches to skip by reading them."""
-        if start == 0:
-            return 0
-        if self._sampler is not None:
-            return 0
-        warnings.warn(
-            f"resuming mid-epoch without a reproducible sampler: the first {start} batches of epoch "
-            f"{self.cur_epoch_idx} are read and dropped, and their order is only the same if the dataloader "
-            "does not shuffle. Use a dataloader whose sampler the driver can replace for exact resume.",
-            RuntimeWarning, stacklevel=3,
-        )
-        return start
+    def _step_cut_short_cycle(self) -> None:
+        """The data ran out inside an accumulation cycle (a dataloader without len): apply what was accumulated."""
+        self._force_step = True
+        self.step()
+        self.zero_grad()
+        self._force_step = False
 
     # ------------------------------------------------- the parts of a batch step
     _force_step = False
@@ -551,6 +560,13 @@ class Trainer:
             consumed = self._sampler.consumed_samples(batches - self._epoch_start_batch) if batches else 0
         return Position(self.cur_epoch_idx, batches, self.global_forward_batches, consumed)
 
+    def _resume_at(self, position: Mapping[str, Any]) -> None:
+        """Put the loop where a checkpoint's ``position`` says; the next epoch starts after its batches."""
+        self.cur_epoch_idx = int(position["epoch"])
+        self.global_forward_batches = int(position["global_forward_batches"])
+        self._resume_batches = int(position["batches_done"])
+        self._resume_samples = position.get("consumed_samples")
+
     def save_checkpoint(self, folder: str | os.PathLike, *, allow_pickle: bool = False) -> str:
         """Write everything needed to resume exactly into the folder ``folder`` (atomically).
 
@@ -559,24 +575,7 @@ class Trainer:
         per file. Nothing is pickled unless ``allow_pickle=True`` (then only callback
         states that are not plain data). Returns the folder's absolute path.
         """
-        folder = os.fspath(folder)
-        self.fire("on_save_checkpoint")
-        states = self.callback_manager.states(self)
-        path = os.path.abspath(folder)
-        mine = process_state(self.driver)
-        processes = self.driver.all_gather_object(mine) if self.driver.is_distributed() else [mine]
-        if self.driver.is_global_zero:
-            position = self._position()
-            files, manifest = build_checkpoint(
-                self.driver, position, callback_states=states,
-                sampler_state=None if self._sampler is None else self._sampler.state_dict(),
-                process_states=processes, allow_pickle=allow_pickle,
-                extra={"at_batch_boundary": not self._mid_batch, "n_epochs": self.n_epochs, "n_batches": self.n_batches,
-                       "accumulation_steps": self.accumulation_steps, "world_size": self.driver.world_size},
-            )
-            write_checkpoint(path, files, manifest)
-        self.driver.barrier()
-        return path
+        return trainer_io.save_trainer(self, folder, allow_pickle)
 
     def load_checkpoint(self, folder: str | os.PathLike, *, resume_training: bool = True,
                         allow_pickle: bool = False) -> None:
@@ -586,34 +585,7 @@ class Trainer:
         the loop starts from the beginning. Everything is read, checked and parsed before
         anything is applied, so a damaged checkpoint changes nothing.
         """
-        loaded = read_checkpoint(os.fspath(folder))
-        decoded = decode_checkpoint(loaded, self.driver, allow_pickle)
-        state = decoded.state
-        if loaded.manifest.get("kind") != "trainer":
-            raise CheckpointError(f"{loaded.folder} holds only a model; use load_model() for it.")
-        check_model_fits(self.driver, decoded.model, loaded.folder)
-        if len(state["optimizers"]) != len(self.driver.optimizers):
-            raise CheckpointError(
-                f"{loaded.folder} holds {len(state['optimizers'])} optimizer state(s) but the trainer has "
-                f"{len(self.driver.optimizers)} optimizer(s); pass the same optimizers as the run that saved it. "
-                "Nothing was loaded."
-            )
-        self.driver.load_model_state(decoded.model)
-        self.driver.load_optimizer_states(state["optimizers"])
-        if not resume_training:
-            self.fire("on_load_checkpoint", state["callbacks"])
-            return
-        self.driver.load_precision_state(state["precision"])
-        self.callback_manager.load_states(self, {**state["callbacks"], **decoded.pickled})
-        position = state["position"]
-        self.cur_epoch_idx = int(position["epoch"])
-        self.global_forward_batches = int(position["global_forward_batches"])
-        self._resume_batches = int(position["batches_done"])
-        self._resume_samples = position.get("consumed_samples")
-        if self._sampler is not None and state["sampler"] is not None:
-            self._sampler.load_state_dict(state["sampler"])
-        self.fire("on_load_checkpoint", state["callbacks"])
-        restore_process_state(self.driver, state)
+        trainer_io.load_trainer(self, folder, resume_training, allow_pickle)
 
     # --------------------------------------------------------------- model files
     def save_model(self, folder: str | os.PathLike) -> str:
@@ -623,13 +595,7 @@ class Trainer:
         never leaves a half folder under ``folder``. Returns the path of the weights file,
         which any safetensors reader can open.
         """
-        path = os.path.abspath(os.fspath(folder))
-        if self.driver.is_global_zero:
-            files, manifest = build_model_checkpoint(self.driver)
-            write_checkpoint(path, files, manifest)
-        self.fire("on_save_model")
-        self.driver.barrier()
-        return os.path.join(path, MODEL_FILENAME)
+        return trainer_io.save_model(self, folder)
 
     def load_model(self, folder: str | os.PathLike) -> None:
         """Load the weights of a folder written by :meth:`save_model` or :meth:`save_checkpoint`.
@@ -637,15 +603,7 @@ class Trainer:
         The folder's checksums are verified first. A bare ``.safetensors`` file (from
         another tool) is accepted too; it has no manifest to verify against.
         """
-        path = os.fspath(folder)
-        if os.path.isfile(path):
-            tensors = self.driver.load_tensors(path)
-        else:
-            loaded = read_checkpoint(path)
-            tensors = decode_checkpoint(loaded, self.driver, allow_pickle=False, model_only=True).model
-        check_model_fits(self.driver, tensors, path)
-        self.driver.load_model_state(tensors)
-        self.fire("on_load_model")
+        trainer_io.load_model(self, folder)
 
 
 def _backend_options(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,28 @@ from ._backend_checks import (
 from ._checkpoint.safetensors_writer import array_buffer
 from ._dataloaders import OverfitLoader
 from ._default_sampling import DefaultSampling
+from ._device_args import (
+    OTHER_DEVICE_KINDS,
+    batch_mover,
+    first_tensor,
+    parse_device_arg,
+    unaccepted_device,
+    unknown_device,
+    usable_cuda_index,
+)
+from ._dist_grads import flat_buckets
+from ._dist_layout import (
+    LAUNCH_OPTION_DOCS,
+    DeviceRules,
+    DeviceSlot,
+    check_distinct_devices,
+    check_enough_gpus,
+    process_group_backend,
+    refuse_late_options,
+    spawn_request,
+    wrapper_options,
+)
+from ._dist_objects import broadcast_pickled, gather_pickled, reduce_gathered
 from ._dist_options import (
     DistPlan,
     LauncherEnv,
@@ -38,7 +60,9 @@ from ._dist_options import (
     check_layout_arguments,
     check_process_count,
     choice_option,
+    env_address,
     env_int,
+    env_master,
     one_gpu_for_many,
     plan_options,
     processes_wanted,
@@ -54,21 +78,31 @@ from ._distributed import (
     settle_at_exit,
 )
 from ._driver import Driver
-from ._driver_factory import module_driver_factory
+from ._driver_factory import module_driver_factory, planned_distributed
 from ._errors import DistributedError, DriverError
+from ._lr_groups import group_multipliers, shared_rate
 from ._module_driver import NULL_CONTEXT, ModuleDriver
+from ._param_matching import positional_parameters
+from ._plugin_spec import driver_specs_hook
+from ._precision_amp import AmpPrecision, no_bf16_error, scaler_options
+from ._rng_states import rng_state_list
 from ._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
 from ._spawn import (
+    LOCALHOST,
     READY_KEY,
     SPAWN_PARENT_ENV,
     CheckedStore,
     FailureBoard,
     Launcher,
+    ThreadStore,
     die_with_parent,
     exception_summary,
     exit_description,
+    free_ports,
+    local_launch_env,
     pump_output,
     relaunch_command,
+    startup_patience,
 )
 from ._state_checks import (
     check_gradient_names,
@@ -81,6 +115,17 @@ from ._state_checks import (
     scaler_state_to_load,
     warn_device_states,
 )
+from ._state_codec import (
+    bf16_bits,
+    bf16_widened,
+    check_file_tensor,
+    check_optimizer_state,
+    dtype_tags,
+    file_dtype_tag,
+    gradient_copies,
+    safetensors_arrays,
+    tensor_from,
+)
 from ._watchdog import Watchdog
 
 __all__ = [
@@ -88,6 +133,7 @@ __all__ = [
     "READY_KEY",  # a spawned rank sets it in the store once it reached the Trainer
     "SPAWN_PARENT_ENV",  # set in the environment of processes the Trainer started
     "CheckedStore",
+    "ThreadStore",  # a CheckedStore with one connection per thread (a store handle that cannot be shared)
     "FailureBoard",
     "Launcher",
     "die_with_parent",  # a preexec_fn: the child gets SIGKILL when the given parent dies (Linux)
@@ -95,6 +141,10 @@ __all__ = [
     "exception_summary",
     "exit_description",
     "relaunch_command",
+    "LOCALHOST",  # 127.0.0.1, where a self-launched run meets
+    "free_ports",  # TCP ports nobody listens on right now, for a rendezvous on this machine
+    "startup_patience",  # how long starting the processes may take: the timeout, but at least a minute
+    "local_launch_env",  # torchrun's MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/... for one rank on this machine
     # distributed drivers (see drivetrain._distributed, drivetrain._dist_options)
     "COMM_ERROR_MARKERS",  # words in an error's text that mean a collective broke on the connection
     "CollectiveGuard",  # wraps collectives: a broken one raises DistributedError naming the failed peer
@@ -109,13 +159,29 @@ __all__ = [
     "check_process_count",  # nproc= must match the size of a run a launcher started
     "choice_option",  # an option that must be one of a few values
     "env_int",  # an integer environment variable, with the launcher hint when it is wrong
+    "env_address",  # a host:port environment variable as (host, port), with the launcher hint when it is wrong
+    "env_master",  # (MASTER_ADDR, MASTER_PORT) where both are set, else None
     "one_gpu_for_many",  # the error for device= naming one GPU for several processes
     "plan_options",  # timeout, even_batches and spawn_output of a backend's options, checked
     "processes_wanted",  # how many processes nproc= and a device list ask for together
     "read_launcher_env",  # a launcher's rank/world/local variables, checked (None when not launched)
+    "broadcast_pickled",  # broadcast_object built from a framework's array broadcast
+    "gather_pickled",  # all_gather_object built from a framework's array all-gather
+    "reduce_gathered",  # all_reduce of gathered arrays in numpy, in rank order
     "reducible_array",  # the numeric numpy array Driver.all_reduce can reduce, else a DriverError
+    "flat_buckets",  # gradients grouped by dtype in runs of bounded size, one flat all-reduce each
     "settle_at_exit",  # a short pause at exit so gloo's threads finish before the interpreter does
     "timeout_option",  # the seconds a collective may wait: a finite number > 0
+    # layout planning (see drivetrain._dist_layout): device lists, GPU counts, process-group options
+    "LAUNCH_OPTION_DOCS",  # descriptions of even_batches and spawn_output for a backend's accepted kwargs
+    "DeviceRules",  # a backend's device calls; its methods pick each process's device and check device lists
+    "DeviceSlot",  # one parsed entry of a device list: kind ('cpu'/'gpu'), index, display name
+    "check_distinct_devices",  # a device list: all GPUs, each once, with an index (several CPUs: use nproc=N)
+    "check_enough_gpus",  # nproc processes on GPUs need that many visible GPUs
+    "process_group_backend",  # 'gloo' or 'nccl' from the options, checked against this process's device
+    "refuse_late_options",  # start-up options given after the user already started the process group
+    "spawn_request",  # how many processes the Trainer must start, and on which device(s)
+    "wrapper_options",  # a dict of options for the framework's data-parallel wrapper, checked
     "Watchdog",  # ends the process, naming rank and operation, when a call that waits for the others cannot end
     # the contract
     "Driver",  # the abstract class every driver subclasses (also drivetrain.Driver)
@@ -123,8 +189,19 @@ __all__ = [
     "ModuleDriver",  # the template of a driver for a framework with modules, optimizers and dataloaders
     "NULL_CONTEXT",  # one shared no-op context manager, for auto_cast / no_sync on the hot path
     "module_driver_factory",  # the plugin's create_driver for a ModuleDriver backend, given its distributed choice
+    "planned_distributed",  # module_driver_factory's distributed choice from a planner and a lazily imported driver class
+    "driver_specs_hook",  # the plugin module's drivetrain_driver_specs hook for a backend laid out by convention
     # models
     "check_model_type",  # model= must be an instance of the framework's module class
+    "positional_parameters",  # a forward's positional parameter names, required count, *args and **kwargs
+    "first_tensor",  # a model's first parameter or buffer (None without any): where device=None finds it
+    # devices (see drivetrain._device_args)
+    "OTHER_DEVICE_KINDS",  # accelerator kinds named as unsupported rather than unknown in device= errors
+    "parse_device_arg",  # ('cpu'|'cuda', index) for device= spellings every backend takes; bool/negative refused
+    "unaccepted_device",  # the DriverError for a device= of a type the backend does not read
+    "unknown_device",  # the DriverError for any device= parse_device_arg did not read (other kinds named as such)
+    "usable_cuda_index",  # a cuda device='s index, refused when the framework's CUDA is unavailable or lacks it
+    "batch_mover",  # move(batch): nested tensors to one device, the usual dict-in-place batch without recursion
     "checked_cuda_index",  # the index of a cuda device= (the current one when it names none), refused when absent
     # data
     "OverfitLoader",  # what the Trainer wraps a loader in for overfit_batches; a driver unwraps it
@@ -140,8 +217,22 @@ __all__ = [
     "loadable_model_state",  # load_model_state's checks over a whole state, tensors converted and cast
     "loadable_gradients",  # load_gradient_state's checks over all saved gradients, each placed as its parameter needs
     "optimizer_state_for_load",  # an index-keyed optimizer state_dict with int keys again, checked against its groups
+    "check_optimizer_state",  # a name-keyed optimizer state must be a mapping with the backend's own entries
+    "tensor_from",  # a framework tensor from a tensor or numpy array (what checkpoints hold), else a DriverError
+    "gradient_copies",  # host copies of the gradients by parameter name, for gradient_state
+    "check_file_tensor",  # tensor_buffer's refusal of a value that is not a tensor
+    "dtype_tags",  # {framework dtype: safetensors tag} for the dtypes a framework has, by their common names
+    "file_dtype_tag",  # tensor_buffer's safetensors tag of a dtype, refusing one safetensors cannot store
+    "safetensors_arrays",  # each tensor of parsed safetensors bytes as a checked numpy array, for tensors_from_bytes
+    "bf16_bits",  # float32 values -> their bfloat16 bits (uint16), exactly
+    "bf16_widened",  # bfloat16 bits (uint16) -> their float32 values, exactly
     "scaler_state_to_load",  # load_precision_state's checks and warnings around a grad scaler state
+    # mixed precision (see drivetrain._precision_amp)
+    "AmpPrecision",  # base of a backend's Precision: autocast factory, loss scaler state saved and loaded
+    "scaler_options",  # the user's loss-scaler options: fp16 only, known keys only
+    "no_bf16_error",  # the DriverError for precision='bf16' on a GPU older than Ampere
     "check_rng_state_keys",  # load_rng_state's check of the state's entries
+    "rng_state_list",  # an entry of a saved RNG state as a list (one state per device), refused otherwise
     "warn_device_states",  # how many saved per-device RNG states to restore here, warning when the counts differ
     "listed_names",  # a short list of names for an error message
     "check_framework_kwargs",
@@ -149,6 +240,8 @@ __all__ = [
     "move_nested",
     # optimisation
     "check_lrs",  # set_lrs' argument checked against the optimizers' param groups, with the message every backend gives
+    "group_multipliers",  # each param group's fixed multiplier of its optimizer's one rate (paddle's learning_rate)
+    "shared_rate",  # the one optimizer rate that gives each group its wanted rate, refused unless the ratios fit
 ]
 
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), np.generic, np.ndarray)

@@ -32,6 +32,13 @@ def test_unknown_arguments_error_for_the_evaluator_and_without_a_hint():
     assert str(err) == "Evaluator got unexpected argument(s) ['verbos'] (verbos: did you mean verbose=?)."
 
 
+def test_the_evaluator_never_suggests_its_internal_argument():
+    model = LinearModel(4, 3)
+    with pytest.raises(ConfigurationError, match=r"argument_names: no accepted argument is close.*torch_kwargs") as info:
+        Evaluator(model, ArrayLoader(make_classification()), {"acc": Accuracy()}, driver="numpy", argument_names=1)
+    assert "_argument_names" not in str(info.value)
+
+
 def test_parameter_names_leave_out_self_and_the_catch_alls():
     def fn(self, a, b=1, *args, c, **kwargs):
         return None

@@ -53,7 +53,7 @@ def test_bad_devices_name_the_argument_and_what_is_accepted(model, make_driver, 
 def test_device_lists_choose_between_one_and_several_processes(model, make_driver) -> None:
     """A one-device list is that device; several devices mean distributed training (tests/torch/distributed)."""
     assert make_driver(model, ["cpu"]).device == torch.device("cpu")
-    with pytest.raises(DriverError, match="lists cpu more than once"):
+    with pytest.raises(DriverError, match="lists the CPU 2 times"):
         make_driver(model, ["cpu", "cpu"])
 
 

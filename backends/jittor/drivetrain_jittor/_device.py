@@ -10,27 +10,12 @@ restart the whole process, which a driver must not do behind the user's back).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import OTHER_DEVICE_KINDS, DriverError, parse_device_arg
 
 ACCEPTED = "'cpu', 'cuda' (aliases 'gpu', 'cuda:0', 0), or None for jittor's current setting"
-_GPU = re.compile(r"^(?:cuda|gpu)(?::(\d+))?$")
-_OTHER_KINDS = ("xpu", "npu", "mlu", "ipu", "mps", "tpu", "xla", "rocm", "hip")
-
-
-def _gpu_index(device: Any) -> int | None:
-    """The GPU index ``device`` names (0 for plain 'cuda'), or None when it is not a GPU."""
-    if isinstance(device, bool):
-        return None
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        match = _GPU.match(device.strip().lower())
-        if match:
-            return 0 if match[1] is None else int(match[1])
-    return None
+_OTHER_KINDS = (*OTHER_DEVICE_KINDS, "rocm", "hip")
 
 
 def resolve_device(device: Any, jt: Any, argument: str = "device") -> str:
@@ -38,18 +23,17 @@ def resolve_device(device: Any, jt: Any, argument: str = "device") -> str:
     given = f"{argument}={device!r}"
     if device is None:
         return "cuda" if jt.flags.use_cuda else "cpu"
-    if isinstance(device, str) and device.strip().lower() == "cpu":
-        return "cpu"
-    index = _gpu_index(device)
-    if index is None:
+    parsed = None if isinstance(device, bool) else parse_device_arg(device, ACCEPTED, given)
+    if parsed is None:
         if isinstance(device, str) and device.strip().lower().split(":")[0] in _OTHER_KINDS:
             raise DriverError(f"{given} is a device kind the jittor driver does not support; accepted: {ACCEPTED}.")
         kind = f" (a {type(device).__name__})" if not isinstance(device, str) else ""
         raise DriverError(f"{given}{kind} is not a device the jittor driver understands; accepted: {ACCEPTED}.")
-    if index < 0:
-        raise DriverError(f"{given}: a GPU index must be >= 0; accepted: {ACCEPTED}.")
+    kind, index = parsed
+    if kind == "cpu":
+        return "cpu"
     check_cuda(given, jt)
-    if index != 0:
+    if index:
         raise DriverError(
             f"{given}: jittor uses one GPU per process, GPU 0 of those it sees, and chooses it through the "
             f"environment; start the process with CUDA_VISIBLE_DEVICES={index} and pass device='cuda'."

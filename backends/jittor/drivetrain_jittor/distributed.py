@@ -38,7 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain.backend import DataSharding, DistributedDriverMixin, DriverError, reducible_array
+from drivetrain.backend import (
+    DataSharding,
+    DistributedDriverMixin,
+    DriverError,
+    broadcast_pickled,
+    gather_pickled,
+    reduce_gathered,
+)
 
 from . import _mpi
 from ._dataloader import (
@@ -157,15 +164,15 @@ class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
             shard_yourself="give each process a jittor Dataset of its own part of the samples",
             waits="the gradient all-reduce", same_batches="the same number of samples and batch_size everywhere",
         )
-        self._is_setup = False
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self) -> None:
-        """Set the device, then give every process rank 0's parameters and buffers."""
+        """Set the device (every time: it is jittor's global flag), then join the run once."""
+        self._single_setup()
         super().setup()
-        if self._is_setup:
-            return
-        self._is_setup = True
+
+    def _join(self) -> None:
+        """Give every process rank 0's parameters and buffers."""
         for var in self.unwrap_model().state_dict().values():
             var.update(_mpi.broadcast_var(jt, var, 0))
 
@@ -174,9 +181,6 @@ class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
         exc = sys.exc_info()[1]
         what = "an exception" if exc is None else f"{type(exc).__name__}: {str(exc)[:200]}"
         _failure_exit.arm(what, self.rank, self.world_size)
-
-    def barrier(self) -> None:
-        jt.mpi.mpi_barrier()
 
     # ----------------------------------------------------------------------- data
     def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
@@ -195,26 +199,20 @@ class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
                                    batch_size=per_process_batch(dataset, num_replicas, argument))
 
     # ---------------------------------------------------------------- collectives
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        self._check_rank(src, "broadcast_object(src=...)")
-        return _mpi.broadcast_object(jt, obj, src, self.rank)
+    def _barrier_op(self) -> None:
+        jt.mpi.mpi_barrier()
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        return _mpi.all_gather_object(jt, obj, self.rank, self.world_size)
+    def _broadcast_op(self, box: list[Any], src: int) -> None:
+        box[0] = broadcast_pickled(box[0], src, self.rank, lambda array, root: _mpi.broadcast(jt, array, root))
 
-    def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
-        """Reduce a numpy array over the processes (gathered, then reduced in numpy: exact for every dtype)."""
-        super().all_reduce(array, op)
-        return _mpi.all_reduce(jt, reducible_array(array), op, self.rank, self.world_size)
+    def _gather_op(self, obj: Any) -> list[Any]:
+        return gather_pickled(obj, lambda array: _mpi.gather(jt, array, self.world_size))
 
-    def _check_rank(self, src: Any, what: str) -> None:
-        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
-            raise DriverError(f"{what}: {src!r} is not a rank; ranks are 0..{self.world_size - 1}.")
-
-    # ----------------------------------------------------------------- describing
-    def describe(self) -> str:
-        return (f"jittor driver (JittorMPIDriver) rank {self.rank}/{self.world_size} device={self.device} "
-                f"precision={self._precision.describe()} jittor={jt.__version__}")
+    def _reduce_op(self, array: np.ndarray, op: str) -> np.ndarray:
+        """Gathered, then reduced in numpy: exact for every dtype (jittor's own all-reduce sums only); the
+        dtype is kept."""
+        parts = self._gather_op(np.ascontiguousarray(array))
+        return reduce_gathered(parts, op).astype(array.dtype, copy=False)
 
 
 def _shareable(dataset: Any) -> bool:

@@ -21,13 +21,12 @@ How the contract maps onto jittor:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from drivetrain.backend import DriverError, ModuleDriver, check_framework_kwargs, move_nested
+from drivetrain.backend import DriverError, ModuleDriver, move_nested
 
 from . import _rng
 from . import state as _state
@@ -74,7 +73,9 @@ class JittorSingleDriver(ModuleDriver):
     dataloader_type = jt.dataset.Dataset  # a jittor Dataset is its own loader (set_attrs(batch_size=...))
     accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
     """The ``jittor_kwargs`` keys this driver understands, with what each means."""
+    not_here_kwargs = _NOT_HERE
     state_ops = _state
+    rng_ops = _rng
 
     @classmethod
     def check_model(cls, model: Any) -> None:
@@ -97,11 +98,6 @@ class JittorSingleDriver(ModuleDriver):
             f"{framework!r} models; the jittor driver needs a jittor.Module (class MyNet(jittor.Module) with execute())."
         )
 
-    @classmethod
-    def check_options(cls, framework_kwargs: Any, accepted: Mapping[str, str] | None = None) -> dict[str, Any]:
-        return check_framework_kwargs(framework_kwargs, cls.accepted_kwargs if accepted is None else accepted,
-                                      argument="jittor_kwargs", not_here=_NOT_HERE)
-
     def resolve_device(self, device: Any, model: Any) -> str:
         return resolve_device(device, jt)
 
@@ -123,12 +119,6 @@ class JittorSingleDriver(ModuleDriver):
         if type(outputs) is dict:
             self._model_loss = outputs.get("loss")
         return outputs
-
-    def no_grad(self) -> contextlib.AbstractContextManager:
-        return jt.no_grad()
-
-    def auto_cast(self) -> contextlib.AbstractContextManager:
-        return self._precision.autocast()
 
     # --------------------------------------------------------------- optimisation
     def set_optimizers(self, optimizers: Any) -> None:
@@ -253,12 +243,6 @@ class JittorSingleDriver(ModuleDriver):
 
     def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
         _state.load_gradient_state(self.unwrap_model(), self.optimizers, grads)
-
-    def rng_state(self) -> dict[str, Any]:
-        return _rng.rng_state()
-
-    def load_rng_state(self, state: Mapping[str, Any]) -> None:
-        _rng.load_rng_state(state)
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:

@@ -9,12 +9,12 @@ a status line while jittor compiles).
 
 from __future__ import annotations
 
-from drivetrain import Capabilities, DriverSpec, hookimpl
+from drivetrain import Capabilities
+from drivetrain.backend import driver_specs_hook
 
 TESTED_JITTOR = "1.3.11.0"
-
-INSTALL = 'pip install "drivetrain[jittor]"'
-"""The command in "not installed" messages (drivetrain-jittor pins jittor==1.3.11.0)."""
+"""The jittor release drivetrain-jittor pins; "not installed" messages name the core's install line for jittor
+(``pip install "drivetrain[jittor]"``)."""
 
 CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16"),
@@ -44,27 +44,8 @@ CAPABILITIES = Capabilities(
 )
 
 
-@hookimpl
-def drivetrain_driver_specs() -> list[DriverSpec]:
-    """The jittor driver's description; the factory is imported only when it is chosen."""
-    return [
-        DriverSpec(
-            name="jittor",
-            framework="jittor",
-            factory="drivetrain_jittor.factory:create_driver",
-            model_modules=("jittor",),
-            capabilities=CAPABILITIES,
-            distribution="drivetrain-jittor",
-            install=INSTALL,
-            contract_versions=(1,),  # what this release implements; never CONTRACT_VERSION (that follows the core)
-            seed_function="drivetrain_jittor.plugin:seed_jittor",
-            testing_kit="drivetrain_jittor.testing_kit:jittor_kit",
-        )
-    ]
-
-
-def seed_jittor(seed: int) -> None:
-    """Seed jittor's generator (called by ``seed_everything`` once jittor is imported)."""
-    from ._rng import seed_generator
-
-    seed_generator(seed)
+# contract_versions: what this release implements; never CONTRACT_VERSION (that follows the core)
+drivetrain_driver_specs = driver_specs_hook(
+    "jittor", CAPABILITIES, contract_versions=(1,), seed_function="drivetrain_jittor._rng:seed_generator"
+)
+"""The jittor driver's description (``seed_everything`` calls its seed function once jittor is imported)."""

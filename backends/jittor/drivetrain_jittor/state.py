@@ -23,7 +23,6 @@ is a slot, keyed by the parameter's structured name.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -33,10 +32,17 @@ import safetensors
 
 from drivetrain.backend import (
     DriverError,
+    array_buffer,
+    bf16_bits,
+    bf16_widened,
+    check_file_tensor,
     check_gradient_shape,
-    check_state_names,
-    check_state_shape,
+    check_optimizer_state,
+    file_dtype_tag,
     listed_names,
+    loadable_model_state,
+    safetensors_arrays,
+    tensor_from,
 )
 
 _ZERO_FLAG = "_Optimizer__zero_grad"
@@ -46,10 +52,7 @@ _NOT_SLOTS = ("params", "grads")
 # jittor dtype name -> safetensors tag (bfloat16 travels as the high half of float32's bits)
 _TAGS = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
          "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
-_READ = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
-         "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-_JT_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_JT_DTYPES = {tag: name for name, tag in _TAGS.items()}
 
 
 def _jt() -> Any:
@@ -60,14 +63,14 @@ def _jt() -> Any:
 
 def as_var(value: Any, where: str, dtype: str | None = None) -> Any:
     """A jittor Var from a Var or a numpy array (checkpoints may hold either), cast to ``dtype`` if given."""
-    jt = _jt()
-    if isinstance(value, np.ndarray):
-        value = jt.array(np.ascontiguousarray(value), dtype=str(value.dtype))  # jt.array alone makes int64 int32
-    if not isinstance(value, jt.Var):
-        raise DriverError(f"{where} is a {type(value).__name__}; the jittor driver needs jittor Vars (or numpy arrays).")
+    value = tensor_from(value, where, tensor_type=_jt().Var, from_numpy=_from_numpy, framework="jittor", noun="Vars")
     if dtype is not None and str(value.dtype) != dtype:
         value = value.cast(dtype)
     return value
+
+
+def _from_numpy(array: np.ndarray) -> Any:
+    return _jt().array(array, dtype=str(array.dtype))  # jt.array alone makes int64 int32
 
 
 def to_numpy(var: Any) -> np.ndarray:
@@ -86,12 +89,8 @@ def model_state(model: Any) -> dict[str, Any]:
 def load_model_state(model: Any, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``'s Vars (identity kept); names and shapes must match exactly."""
     expected = model.state_dict()
-    check_state_names(state, expected, type(model).__name__)
-    prepared = {}
-    for name, target in expected.items():
-        value = as_var(state[name], f"state[{name!r}]", str(target.dtype))
-        check_state_shape(name, list(value.shape), list(target.shape))
-        prepared[name] = value
+    prepared = loadable_model_state(state, expected, type(model).__name__, as_tensor=as_var,
+                                    shape=lambda var: list(var.shape), cast=lambda var, dtype: var.cast(dtype))
     for name, target in expected.items():
         target.update(prepared[name])
     _jt().sync(list(expected.values()))
@@ -104,43 +103,24 @@ def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
     jittor hands a Var's values over as a new numpy array (one host copy); bfloat16 is
     written as the high 16 bits of its exact float32 value.
     """
-    jt = _jt()
     if isinstance(tensor, np.ndarray):
         tensor = as_var(tensor, "tensor")
-    if not isinstance(tensor, jt.Var):
-        raise DriverError(
-            f"is a {type(tensor).__name__}, not a jittor Var; put only tensors in a tensor file "
-            "(other values belong in the checkpoint's JSON manifest)."
-        )
-    name = str(tensor.dtype)
-    tag = _TAGS.get(name)
-    if tag is None:
-        raise DriverError(f"has dtype {name}, which safetensors cannot store.")
-    array = np.ascontiguousarray(to_numpy(tensor))
+    check_file_tensor(tensor, _jt().Var, "a jittor Var")
+    tag = file_dtype_tag(str(tensor.dtype), _TAGS)
+    array = to_numpy(tensor)
     if tag == "BF16":
-        array = (array.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return tag, tuple(int(n) for n in tensor.shape), memoryview(array.reshape(-1).view(np.uint8))
+        array = bf16_bits(array)
+    return tag, tuple(int(n) for n in tensor.shape), array_buffer(array, tag)[2]
 
 
 def tensors_from_bytes(data: bytes) -> dict[str, Any]:
     """Parse safetensors bytes into jittor Vars (safetensors' own parser; nothing is unpickled)."""
     jt = _jt()
     out: dict[str, Any] = {}
-    for name, info in safetensors.deserialize(bytes(data)):
-        tag = info["dtype"]
-        if tag not in _READ:
-            raise DriverError(f"tensor {name!r} has dtype {tag}, which the jittor driver cannot load.")
-        shape = [int(n) for n in info["shape"]]
-        raw = info["data"]
-        item = np.dtype(_READ[tag]).itemsize
-        if len(raw) != math.prod(shape) * item:
-            raise DriverError(f"tensor {name!r}: {len(raw)} bytes do not fit dtype {tag} and shape {shape}.")
-        array = np.frombuffer(raw, dtype=np.dtype(_READ[tag]).newbyteorder("<")).reshape(shape)
-        array = array.astype(array.dtype.newbyteorder("="))  # a native, writable copy jittor takes over
+    entries = safetensors.deserialize(bytes(data))
+    for name, tag, array in safetensors_arrays(entries, _JT_DTYPES, "the jittor driver cannot load", {"BF16": np.uint16}):
         if tag == "BF16":
-            out[name] = jt.array((array.astype(np.uint32) << 16).view(np.float32)).bfloat16()
+            out[name] = jt.array(bf16_widened(array)).bfloat16()
         else:
             out[name] = jt.array(array, dtype=_JT_DTYPES[tag])
     return out
@@ -259,11 +239,7 @@ def optimizer_state(model: Any, optimizer: Any, where: str) -> dict[str, Any]:
 
 def load_optimizer_state(model: Any, optimizer: Any, state: Any, where: str) -> None:
     """Put :func:`optimizer_state` back into ``optimizer`` (fresh or already stepped)."""
-    if not isinstance(state, Mapping) or "groups" not in state or "attributes" not in state:
-        raise DriverError(
-            f"{where} is a {type(state).__name__} without 'groups'/'attributes'; it must be what the jittor driver's "
-            "optimizer_states() returned (a checkpoint of another driver cannot be loaded)."
-        )
+    check_optimizer_state(state, where, ["groups", "attributes"], "jittor")
     if state.get("type") not in (None, type(optimizer).__name__):
         raise DriverError(
             f"{where} was saved from a {state['type']} but this optimizer is a {type(optimizer).__name__}; pass the "

@@ -38,10 +38,6 @@ def _draw_seed(sampler: Any, dataloader: DataLoader) -> int:
     return int(flow.randint(0, 2**62, (1,)).item())
 
 
-def _worker_settings(dataloader: DataLoader) -> dict[str, Any]:
-    return {"prefetch_factor": dataloader.prefetch_factor} if dataloader.num_workers > 0 else {}
-
-
 def _seed_generator(generator: Any, seed: int) -> Any:
     generator = flow.Generator("cpu") if generator is None else generator
     generator.manual_seed(seed >> 2)  # 62 bits: a seed oneflow's generator accepts
@@ -51,7 +47,7 @@ def _seed_generator(generator: Any, seed: int) -> Any:
 SAMPLING = DefaultSampling(
     loader_name="a oneflow DataLoader", loader_type=DataLoader, iterable_dataset=IterableDataset,
     batch_sampler_type=BatchSampler, sequential_sampler=SequentialSampler, random_sampler=RandomSampler,
-    draw_seed=_draw_seed, settings=_worker_settings, seed_generator=_seed_generator,
+    draw_seed=_draw_seed, copied_with_workers=("prefetch_factor",), seed_generator=_seed_generator,
     copied=("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
             "persistent_workers"),
 )

@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 import oneflow as flow
 
-from drivetrain.backend import DriverError, checked_cuda_index, move_nested
+from drivetrain.backend import (
+    DriverError,
+    first_tensor,
+    parse_device_arg,
+    unaccepted_device,
+    usable_cuda_index,
+)
+from drivetrain.backend import batch_mover as nested_mover
 
 ACCEPTED = (
     "'cpu', 'cuda', 'cuda:N', 'gpu', 'gpu:N', an int N (meaning cuda:N), a oneflow.device, "
@@ -26,62 +33,46 @@ _TENSOR = flow.Tensor
 
 def model_device(model: flow.nn.Module) -> flow.device:
     """The device of the model's first parameter or buffer; CPU for a model without any."""
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
-    return flow.device("cpu")
+    tensor = first_tensor(model)
+    return flow.device("cpu") if tensor is None else tensor.device
 
 
 def parse_device(device: Any, model: flow.nn.Module | None = None) -> flow.device:
     """``device=`` as a ``oneflow.device`` (type and index), without checking that a GPU exists."""
-    given = device
     if device is None:
-        if model is None:
-            return flow.device("cpu")
-        resolved = model_device(model)
+        resolved = flow.device("cpu") if model is None else model_device(model)
         if resolved.type not in SUPPORTED_TYPES:
             raise DriverError(
                 f"device=None keeps the model where it is, but the model is on {resolved}; the oneflow "
                 f"driver supports {', '.join(SUPPORTED_TYPES)}. Pass device='cpu' or device='cuda'."
             )
         return resolved
-    if isinstance(device, bool):
-        raise DriverError(f"device={given!r} is not a device; accepted: {ACCEPTED}.")
-    if isinstance(device, int):
-        if device < 0:
-            raise DriverError(f"device={given!r}: a GPU index must be >= 0; accepted: {ACCEPTED}.")
-        return flow.device("cuda", device)
     if isinstance(device, flow.device):
         return device
+    parsed = parse_device_arg(device, ACCEPTED)
+    if parsed is not None:
+        kind, index = parsed
+        return flow.device(kind) if index is None else flow.device(kind, index)
     if not isinstance(device, str):
-        raise DriverError(f"device={given!r} (a {type(given).__name__}) is not accepted; accepted: {ACCEPTED}.")
-    text = device.strip().lower()
-    if text == "gpu" or text.startswith("gpu:"):
-        text = "cuda" + text[3:]
-    kind, _, index = text.partition(":")
-    if kind not in SUPPORTED_TYPES:
+        raise unaccepted_device(device, ACCEPTED)
+    kind, _, index = device.strip().lower().partition(":")  # what is left: 'cpu:N', a bad index, another kind
+    if kind not in ("cpu", "cuda", "gpu"):
         raise DriverError(
-            f"device={given!r} is not a device the oneflow driver supports ({', '.join(SUPPORTED_TYPES)}); "
+            f"device={device!r} is not a device the oneflow driver supports ({', '.join(SUPPORTED_TYPES)}); "
             f"accepted: {ACCEPTED}."
         )
     if index and not index.isdigit():
-        raise DriverError(f"device={given!r}: {index!r} is not a device index; accepted: {ACCEPTED}.")
-    if kind == "cpu":
-        return flow.device("cpu")
-    return flow.device("cuda", int(index)) if index else flow.device("cuda")
+        raise DriverError(f"device={device!r}: {index!r} is not a device index; accepted: {ACCEPTED}.")
+    return flow.device("cpu" if kind == "cpu" else "cuda")
 
 
 def explicit_cuda(given: Any, device: flow.device) -> flow.device:
     """``device`` with its GPU index, after checking that oneflow can use that GPU (else a DriverError)."""
-    if not flow.cuda.is_available():
-        raise DriverError(
-            f"device={given!r} asks for a GPU but oneflow.cuda.is_available() is False (no GPU is visible to this "
-            f"process, or its driver does not fit this oneflow {flow.__version__} CUDA build); use device='cpu'. "
-            "(Checked before moving anything: oneflow would abort the whole process on such a move.)"
-        )
-    return flow.device("cuda", checked_cuda_index(given, device.index, flow.cuda.device_count(),
-                                                  flow.cuda.current_device))
+    return flow.device("cuda", usable_cuda_index(
+        given, device.index, flow.cuda,
+        f"device={given!r} asks for a GPU but oneflow.cuda.is_available() is False (no GPU is visible to this "
+        f"process, or its driver does not fit this oneflow {flow.__version__} CUDA build); use device='cpu'. "
+        "(Checked before moving anything: oneflow would abort the whole process on such a move.)"))
 
 
 def resolve_device(device: Any, model: flow.nn.Module) -> flow.device:
@@ -103,32 +94,21 @@ def batch_mover(device: flow.device) -> Callable[[Any], Any]:
     numpy arrays of a dtype oneflow has (floats, int8/32/64, uint8, bool) become tensors on
     ``device``, so a plain iterable of numpy batches trains as is. Anything else passes
     unchanged; containers are rebuilt only when something inside moved
-    (:func:`drivetrain.backend.move_nested`). Where a tensor is, is read from ``is_cuda``
+    (:func:`drivetrain.backend.batch_mover`). Where a tensor is, is read from ``is_cuda``
     (plus the index for a GPU): reading ``.device`` builds a device object, which costs
     more than the rest of the check on the per-batch path.
     """
     on_cpu, index = device.type == "cpu", device.index
 
     def in_place(tensor: Any) -> bool:
-        if on_cpu:
-            return not tensor.is_cuda
-        return tensor.is_cuda and tensor.device.index == index
+        return not tensor.is_cuda if on_cpu else tensor.is_cuda and tensor.device.index == index
 
-    def move(value: Any) -> Any:
+    def to_device(value: Any) -> Any:
         if isinstance(value, np.ndarray):
             return flow.tensor(np.ascontiguousarray(value), device=device)
-        return value if in_place(value) else value.to(device)
+        return value.to(device)
 
-    def move_batch(batch: Any) -> Any:
-        if type(batch) is dict:  # the usual batch, tensors already there: checked without recursion
-            for value in batch.values():
-                if type(value) is not _TENSOR or (value.is_cuda if on_cpu else not in_place(value)):
-                    break
-            else:
-                return batch
-        return move_nested(batch, _movable, move)
-
-    return move_batch
+    return nested_mover(_TENSOR, in_place, to_device, _movable)
 
 
 def _movable(value: Any) -> bool:

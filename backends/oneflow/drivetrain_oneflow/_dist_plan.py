@@ -26,15 +26,20 @@ from typing import Any
 import oneflow as flow
 
 from drivetrain.backend import (
+    LAUNCH_OPTION_DOCS,
     SPAWN_PARENT_ENV,
+    DeviceSlot,
     DriverError,
     LauncherVars,
+    check_distinct_devices,
+    check_enough_gpus,
     check_layout_arguments,
     check_process_count,
     env_int,
     one_gpu_for_many,
     plan_options,
     processes_wanted,
+    wrapper_options,
 )
 from drivetrain.backend import DistPlan as CoreDistPlan
 
@@ -46,10 +51,7 @@ DIST_KWARGS = {
     "may wait for the other processes before this process gives up (oneflow's collectives have none), and how "
     "long the Trainer's supervisor lets the others stop by themselves after one failed",
     "ddp_kwargs": "dict passed to oneflow.nn.parallel.DistributedDataParallel (broadcast_buffers, bucket_size)",
-    "even_batches": "bool (default False): True refuses a training set whose last global batch would be "
-    "padded with repeated samples (use drop_last=True or a divisible size)",
-    "spawn_output": "'inherit' (default) or 'prefix': output of the workers the Trainer starts; 'prefix' "
-    "starts each of their lines with [rank N]",
+    **LAUNCH_OPTION_DOCS,
 }
 ARGUMENT = "oneflow_kwargs"
 DDP_OPTIONS = ("broadcast_buffers", "bucket_size")
@@ -145,22 +147,10 @@ def _check_devices(device: Any, nproc: int, model: Any) -> Any:
         if parsed.index is not None:
             raise one_gpu_for_many(device, nproc, ONEFLOW_LAUNCH, spawn=True)
         explicit_cuda(device, flow.device("cuda", 0))
-        if nproc > flow.cuda.device_count():
-            raise DriverError(
-                f"nproc={nproc} with device={device!r} needs {nproc} GPUs but this machine has "
-                f"{flow.cuda.device_count()}; pass nproc={flow.cuda.device_count()} or less, or device='cpu'."
-            )
+        check_enough_gpus(device, nproc, flow.cuda.device_count())
         return flow.device("cuda")
     parsed = [parse_device(item) for item in items]
-    kinds = {d.type for d in parsed}
-    if len(kinds) > 1:
-        raise DriverError(f"device={items!r} mixes CPU and GPUs; list only GPUs, or use device='cpu' with nproc=N.")
-    if "cpu" in kinds:
-        raise DriverError(f"device={items!r}: to train N CPU processes pass device='cpu', nproc=N.")
-    if any(d.index is None for d in parsed):
-        raise DriverError(f"device={items!r}: list explicit GPUs such as [0, 1] or 'cuda:0'.")
-    if len({d.index for d in parsed}) != len(parsed):
-        raise DriverError(f"device={items!r} lists a GPU more than once; one process runs per listed device.")
+    check_distinct_devices(items, [DeviceSlot("gpu" if d.type == "cuda" else "cpu", d.index, str(d)) for d in parsed])
     for d in parsed:
         explicit_cuda(items, d)
     if sorted(d.index for d in parsed) != list(range(len(parsed))):
@@ -172,13 +162,6 @@ def _check_devices(device: Any, nproc: int, model: Any) -> Any:
 
 
 def _ddp_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
-    value = options.get("ddp_kwargs") or {}
-    if not isinstance(value, Mapping):
-        raise DriverError(f"oneflow_kwargs['ddp_kwargs']={value!r} must be a dict of DistributedDataParallel options.")
-    for key in value:
-        if key not in DDP_OPTIONS:
-            raise DriverError(
-                f"oneflow_kwargs['ddp_kwargs'][{key!r}] is not accepted; oneflow 0.9's DistributedDataParallel takes "
-                f"{list(DDP_OPTIONS)} (broadcast_parameters is always on: every process starts from rank 0's weights)."
-            )
-    return dict(value)
+    return wrapper_options(options, "ddp_kwargs", argument=ARGUMENT, wrapper="DistributedDataParallel",
+                           accepted=DDP_OPTIONS, note=" oneflow 0.9's DistributedDataParallel has no other; "
+                           "broadcast_parameters is always on: every process starts from rank 0's weights.")

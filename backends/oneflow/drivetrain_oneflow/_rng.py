@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import oneflow as flow
 
-from drivetrain.backend import DriverError, check_rng_state_keys
+from drivetrain.backend import DriverError, check_rng_state_keys, rng_state_list
 
 from ._mt19937 import N, temper, twist, untwist
 
@@ -171,9 +171,7 @@ def load_rng_state(state: Mapping[str, Any], model: flow.nn.Module | None) -> No
             f"load_rng_state: the state holds generators of module(s) {strangers[:10]} that this model does not "
             "have (or that hold no generator); it was saved from a different model."
         )
-    cuda = state.get("cuda") or []
-    if not isinstance(cuda, (list, tuple)):
-        raise DriverError(f"load_rng_state: state['cuda'] is a {type(cuda).__name__}; expected a list per device.")
+    cuda = rng_state_list(state.get("cuda") or [], "cuda")
     restore(flow.default_generator, state["cpu"], "cpu")
     for name, value in modules.items():
         restore(owned[name], value, f"modules/{name}")

@@ -12,8 +12,9 @@ this driver differs from the single-process one:
   accumulation still gives the same gradients as with ``no_sync`` (each micro-batch's
   local gradient is averaged across processes once), with one all-reduce per micro-batch;
 - oneflow has no object collectives: ``broadcast_object``/``all_gather_object`` send
-  pickled bytes through ``oneflow.comm`` tensor collectives (between this run's own
-  processes only; files are never unpickled);
+  pickled bytes through ``oneflow.comm`` tensor collectives (the core's
+  :func:`drivetrain.backend.broadcast_pickled` and ``gather_pickled``; between this run's
+  own processes only, files are never unpickled);
 - dataloaders are re-sampled so each rank takes its share of every global batch
   (training) or its own contiguous shard (evaluation).
 """
@@ -21,7 +22,7 @@ this driver differs from the single-process one:
 from __future__ import annotations
 
 import contextlib
-import pickle
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,15 +30,21 @@ from typing import Any
 import numpy as np
 import oneflow as flow
 
-from drivetrain.backend import DataSharding, DistributedDriverMixin, DriverError, Watchdog, reducible_array
+from drivetrain.backend import (
+    DataSharding,
+    DistributedDriverMixin,
+    DriverError,
+    Watchdog,
+    broadcast_pickled,
+    die_with_parent,
+    gather_pickled,
+    reduce_gathered,
+)
 
 from . import state as _state
 from ._dataloader import describe_sampling, reproducible_dataloader, unrepeated_dataloader
 from ._dist_plan import DIST_KWARGS, DistPlan
-from ._launch import die_with_launcher
 from .driver import FRAMEWORK_KWARGS, OneflowSingleDriver
-
-_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
 
 
 class _Dispatch(flow.nn.Module):
@@ -106,21 +113,23 @@ class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
                          model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
         self.plan = plan
         self._ddp: _Dispatch | None = None
-        self._is_setup = False
         self._watchdog = Watchdog(
-            plan.rank, plan.world_size, plan.timeout, limit=f"oneflow_kwargs['timeout']={plan.timeout:g} s",
+            plan.rank, plan.world_size, plan.timeout, limit=self._timeout_words(),
             advice="oneflow's collectives have no timeout of their own; raise oneflow_kwargs['timeout'] if a step "
                    "legitimately takes that long.")
-        self._watch = self._watchdog.watch
+        self._watch = self._watchdog.watch  # bounds every call that may wait for the others (oneflow's have no timeout)
+
+    def _collective(self, what: str) -> contextlib.AbstractContextManager:
+        return self._watch(what)
 
     # ------------------------------------------------------------------ lifecycle
-    def setup(self) -> None:
+    def _join(self) -> None:
         """Move the model to this rank's device and register DDP's hooks (it copies rank 0's weights)."""
-        if self._is_setup:
-            return
-        self._is_setup = True
         if not self.plan.spawned:
-            die_with_launcher()
+            # oneflow.distributed.launch stops the others when one fails by signalling its own process group,
+            # which misses them when it is not a group leader (started from a script or a CI job): a stuck
+            # worker would outlive everything. So this worker gets SIGKILL when its launcher exits (Linux).
+            die_with_parent(os.getppid())()  # the preexec function, run in this process
         if self.device.type == "cuda":
             flow.cuda.set_device(self.device)
         self.model.to(self.device)
@@ -206,49 +215,31 @@ class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
         """``array`` as a tensor on this rank's device (oneflow's collectives want the local rank's device)."""
         return flow.tensor(np.ascontiguousarray(array), device=self.device)
 
-    def barrier(self) -> None:
-        with self._watch("barrier()"):
-            flow.comm.barrier()
+    def _barrier_op(self) -> None:
+        flow.comm.barrier()
 
     def _gather(self, array: np.ndarray) -> list[np.ndarray]:
         """Every rank's ``array`` (same shape and dtype everywhere), in rank order."""
         tensor = self._local(array)
         out = [flow.empty(tuple(tensor.shape), dtype=tensor.dtype, device=self.device) for _ in range(self.world_size)]
-        with self._watch("an all_gather"):
-            flow.comm.all_gather(out, tensor)
-            return [t.numpy() for t in out]
+        flow.comm.all_gather(out, tensor)
+        return [t.numpy() for t in out]
 
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        if not isinstance(src, int) or not 0 <= src < self.world_size:
-            raise DriverError(f"broadcast_object(src={src!r}): src must be a rank in 0..{self.world_size - 1}.")
-        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == src else np.zeros(0, np.uint8)
-        size = self._local(np.array([payload.size], dtype=np.int64))
-        with self._watch("broadcast_object()"):
-            flow.comm.broadcast(size, src)
-            count = int(size.numpy()[0])
-            data = self._local(payload if self.rank == src else np.zeros(count, np.uint8))
-            flow.comm.broadcast(data, src)
-            received = data.numpy().tobytes()
-        return obj if self.rank == src else pickle.loads(received)
+    def _broadcast(self, array: np.ndarray, src: int) -> np.ndarray:
+        tensor = self._local(array)
+        flow.comm.broadcast(tensor, src)
+        return tensor.numpy()
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        sizes = [int(s[0]) for s in self._gather(np.array([payload.size], dtype=np.int64))]
-        padded = np.zeros(max(sizes), dtype=np.uint8)
-        padded[:payload.size] = payload
-        return [pickle.loads(chunk[:size].tobytes()) for chunk, size in zip(self._gather(padded), sizes, strict=True)]
+    def _broadcast_op(self, box: list[Any], src: int) -> None:
+        box[0] = broadcast_pickled(box[0], src, self.rank, self._broadcast)
 
-    def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
-        """Reduce ``array`` over the ranks: gathered, then reduced in rank order (the same result everywhere)."""
-        super().all_reduce(array, op)
-        array = reducible_array(array)
+    def _gather_op(self, obj: Any) -> list[Any]:
+        return gather_pickled(obj, self._gather)
+
+    def _reduce_op(self, array: np.ndarray, op: str) -> np.ndarray:
+        """Gathered, then reduced in rank order (the same result everywhere)."""
         if array.dtype.kind in "biu":
             array = array.astype(np.int64)  # oneflow has no bool/uint16+ tensors; int64 holds any count
         elif array.dtype == np.float16:
             array = array.astype(np.float32)
-        return _REDUCE[op](np.stack(self._gather(array)), axis=0)
-
-    # ----------------------------------------------------------------- describing
-    def describe(self) -> str:
-        return (f"oneflow driver (OneflowDDPDriver) rank {self.rank}/{self.world_size} device={self.device} "
-                f"precision={self.precision} oneflow={flow.__version__}")
+        return reduce_gathered(self._gather(array), op)

@@ -71,9 +71,6 @@ class OneflowSingleDriver(ModuleDriver):
         _rng.give_modules_device_generators(self.model, self.device.type)  # so that their states can be saved
 
     # ---------------------------------------------------------------------- model
-    def no_grad(self) -> contextlib.AbstractContextManager:
-        return flow.no_grad()
-
     def auto_cast(self) -> contextlib.AbstractContextManager:
         return self._null_cast or self._precision.autocast()
 
@@ -89,12 +86,8 @@ class OneflowSingleDriver(ModuleDriver):
 
     def clip_gradients(self, params: list[Any]) -> None:
         params = [p for p in params if p.grad is not None]  # oneflow's clipping fails on a None gradient
-        if not params:
-            return
-        if self.grad_clip_type == "norm":
-            flow.nn.utils.clip_grad_norm_(params, self.grad_clip)
-        else:
-            flow.nn.utils.clip_grad_value_(params, self.grad_clip)
+        if params:
+            super().clip_gradients(params)
 
     def step(self) -> None:
         scaler = self.loss_scaler

@@ -8,7 +8,8 @@ which first checks the Python and oneflow versions (:mod:`._compat`).
 
 from __future__ import annotations
 
-from drivetrain import Capabilities, DriverSpec, hookimpl
+from drivetrain import Capabilities
+from drivetrain.backend import driver_specs_hook
 
 from ._compat import INSTALL
 
@@ -41,27 +42,8 @@ CAPABILITIES = Capabilities(
 )
 
 
-@hookimpl
-def drivetrain_driver_specs() -> list[DriverSpec]:
-    """The oneflow driver's description; the factory is imported only when it is chosen."""
-    return [
-        DriverSpec(
-            name="oneflow",
-            framework="oneflow",
-            factory="drivetrain_oneflow.factory:create_driver",
-            model_modules=("oneflow",),
-            capabilities=CAPABILITIES,
-            distribution="drivetrain-oneflow",
-            install=INSTALL_HINT,
-            contract_versions=(1,),  # what this release implements; never CONTRACT_VERSION (that follows the core)
-            seed_function="drivetrain_oneflow.plugin:seed_oneflow",
-            testing_kit="drivetrain_oneflow.testing_kit:oneflow_kit",
-        )
-    ]
-
-
-def seed_oneflow(seed: int) -> None:
-    """Seed oneflow's default CPU and CUDA generators (called by ``seed_everything`` once oneflow is imported)."""
-    import oneflow
-
-    oneflow.manual_seed(seed)
+# contract_versions: what this release implements; never CONTRACT_VERSION (that follows the core)
+drivetrain_driver_specs = driver_specs_hook(
+    "oneflow", CAPABILITIES, contract_versions=(1,), install=INSTALL_HINT, seed_function="oneflow:manual_seed"
+)
+"""The oneflow driver's description (``seed_everything`` calls its seed function once oneflow is imported)."""

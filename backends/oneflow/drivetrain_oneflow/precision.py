@@ -14,7 +14,7 @@ it has no ``scale``/``step``/``update`` for eager training. So:
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -22,7 +22,7 @@ from typing import Any
 
 import oneflow as flow
 
-from drivetrain.backend import DriverError, scaler_state_to_load
+from drivetrain.backend import AmpPrecision, DriverError, no_bf16_error, scaler_options
 
 _DTYPES = {"fp16": flow.float16, "bf16": flow.bfloat16}
 SCALER_KWARGS = {
@@ -116,67 +116,39 @@ class LossScaler:
             self.growth_interval = int(state["growth_interval"])
 
 
-class Precision:
+class Precision(AmpPrecision):
     """The autocast factory and optional loss scaler for one precision on one device."""
 
+    scaler_kind = "loss scaler"
+    saved_with = "fp16 on CUDA"
+    fresh_scaler = "scaler"
+
     def __init__(self, precision: str, device: flow.device, scaler_kwargs: Mapping[str, Any] | None = None) -> None:
-        self.precision = precision
-        self.scaler: LossScaler | None = None
-        self._null = contextlib.nullcontext()
-        self._dtype = _DTYPES.get(precision)
-        if scaler_kwargs is not None and precision != "fp16":
-            raise DriverError(
-                f"oneflow_kwargs['grad_scaler_kwargs'] only applies to precision='fp16', got "
-                f"precision={precision!r}; remove it or use precision='fp16'."
-            )
-        if self._dtype is None:
+        super().__init__(precision)
+        on_cuda = device.type == "cuda"
+        options = scaler_options(scaler_kwargs, precision, "oneflow_kwargs['grad_scaler_kwargs']", SCALER_KWARGS,
+                                 check_keys=on_cuda)
+        dtype = _DTYPES.get(precision)
+        if dtype is None:
             return
-        if device.type != "cuda":
+        if not on_cuda:
             warnings.warn(
                 f"precision={precision!r} on {device.type}: oneflow 0.9 has no CPU autocast, so this run trains "
                 "in fp32 (the result is that of precision='fp32'). Mixed precision needs device='cuda'.",
                 UserWarning,
                 stacklevel=4,
             )
-            self._dtype = None
             return
-        if precision == "bf16":
-            major, _ = flow.cuda.get_device_capability(device)
-            if major < 8:
-                raise DriverError(
-                    f"precision='bf16' on {device}: this GPU does not support bfloat16 (it needs compute "
-                    "capability 8.0, Ampere, or newer); use precision='fp16'."
-                )
+        if precision == "bf16" and flow.cuda.get_device_capability(device)[0] < 8:
+            raise no_bf16_error(device)
+        self.make_autocast = functools.partial(flow.autocast, "cuda", dtype=dtype)
         if precision == "fp16":
-            options = dict(scaler_kwargs or {})
-            unknown = sorted(set(options) - set(SCALER_KWARGS))
-            if unknown:
-                raise DriverError(
-                    f"oneflow_kwargs['grad_scaler_kwargs'] has unknown key(s) {unknown}; accepted: "
-                    f"{', '.join(f'{k} ({v})' for k, v in SCALER_KWARGS.items())}."
-                )
             self.scaler = LossScaler(**options)
 
     @property
     def active(self) -> bool:
         """Whether the forward actually runs in reduced precision (False on CPU)."""
-        return self._dtype is not None
+        return self.make_autocast is not None
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self._dtype is None:
-            return self._null
-        return flow.autocast("cuda", dtype=self._dtype)
-
-    def state(self) -> dict[str, Any] | None:
-        return None if self.scaler is None else self.scaler.state_dict()
-
-    def load_state(self, state: Any) -> None:
-        state = scaler_state_to_load(
-            state, scaler=self.scaler is not None, expected=self.scaler is not None,
-            missing="the checkpoint has no loss scaler state (it was not saved with fp16 on CUDA); this run starts "
-            "a fresh scaler, so its first steps may differ from a continued run.",
-            ignored=f"the checkpoint holds a loss scaler state (saved with fp16 on CUDA) but this run uses "
-            f"precision={self.precision!r} without one; the state is ignored.")
-        if state is None or self.scaler is None:
-            return
-        self.scaler.load_state_dict(state)
+    def ignored_tail(self) -> str:
+        return " without one"

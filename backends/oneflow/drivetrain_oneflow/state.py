@@ -14,7 +14,6 @@ written as such: bfloat16 round-trips bit-exactly.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,8 +24,16 @@ import safetensors
 from drivetrain.backend import (
     DriverError,
     array_buffer,
+    bf16_bits,
+    bf16_widened,
+    check_file_tensor,
+    file_dtype_tag,
+    gradient_copies,
     loadable_gradients,
     loadable_model_state,
+    move_nested,
+    safetensors_arrays,
+    tensor_from,
 )
 from drivetrain.backend import optimizer_state_for_load as _for_load
 
@@ -34,9 +41,6 @@ _TAGS: dict[Any, str] = {
     flow.float64: "F64", flow.float32: "F32", flow.float16: "F16", flow.bfloat16: "BF16",
     flow.int64: "I64", flow.int32: "I32", flow.int8: "I8", flow.uint8: "U8", flow.bool: "BOOL",
 }
-_READ: dict[str, Any] = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
-                         "I32": np.int32, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_, "BF16": np.uint16}
-_ITEM_SIZES = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def _shape(tensor: flow.Tensor) -> tuple[int, ...]:
@@ -45,11 +49,7 @@ def _shape(tensor: flow.Tensor) -> tuple[int, ...]:
 
 def as_tensor(value: Any, where: str) -> flow.Tensor:
     """A oneflow tensor from a oneflow tensor or a numpy array (checkpoints may hold either)."""
-    if isinstance(value, flow.Tensor):
-        return value
-    if isinstance(value, np.ndarray):
-        return flow.tensor(np.ascontiguousarray(value))
-    raise DriverError(f"{where} is a {type(value).__name__}; the oneflow driver needs oneflow tensors (or numpy arrays).")
+    return tensor_from(value, where, tensor_type=flow.Tensor, from_numpy=flow.tensor, framework="oneflow")
 
 
 # ------------------------------------------------------------------------ model
@@ -74,50 +74,27 @@ def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
     """
     if isinstance(tensor, np.ndarray):
         return array_buffer(tensor)
-    if not isinstance(tensor, flow.Tensor):
-        raise DriverError(
-            f"is a {type(tensor).__name__}, not a oneflow tensor; put only tensors in a tensor file "
-            "(other values belong in the checkpoint's JSON manifest)."
-        )
+    check_file_tensor(tensor, flow.Tensor, "a oneflow tensor")
     if not tensor.is_local:
         raise DriverError("is a global (consistent) oneflow tensor; convert it with .to_local() before saving.")
-    tag = _TAGS.get(tensor.dtype)
-    if tag is None:
-        raise DriverError(f"has dtype {tensor.dtype}, which the oneflow driver cannot store; convert it first.")
+    tag = file_dtype_tag(tensor.dtype, _TAGS, "the oneflow driver cannot store; convert it first")
     shape = tuple(int(n) for n in tensor.shape)
-    tensor = tensor.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    if not tensor.is_contiguous():
-        tensor = tensor.contiguous()
-    array = tensor.numpy()
+    array = tensor.detach().cpu().contiguous().numpy()
     if tag == "BF16":  # numpy() widened it to float32 exactly: the bf16 bits are the upper 16
-        array = (np.ascontiguousarray(array, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    array = np.ascontiguousarray(array)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return tag, shape, memoryview(array.reshape(-1).view(np.uint8))
+        array = bf16_bits(array)
+    return tag, shape, array_buffer(array, tag)[2]
 
 
 def tensors_from_bytes(data: bytes) -> dict[str, flow.Tensor]:
     """Parse safetensors bytes into CPU oneflow tensors (safetensors' own parser; nothing is unpickled)."""
     out: dict[str, flow.Tensor] = {}
-    for name, info in safetensors.deserialize(bytes(data)):
-        tag = info["dtype"]
-        if tag not in _READ:
-            raise DriverError(
-                f"tensor {name!r} has dtype {tag}, which oneflow 0.9 has no dtype for; accepted: {sorted(_READ)}."
-            )
-        shape = [int(n) for n in info["shape"]]
-        raw = info["data"]
-        if len(raw) != math.prod(shape) * _ITEM_SIZES[tag]:
-            raise DriverError(f"tensor {name!r}: {len(raw)} bytes do not fit dtype {tag} and shape {shape}.")
-        array = np.frombuffer(raw, dtype=np.dtype(_READ[tag]).newbyteorder("<")).reshape(shape)
+    refusal = f"oneflow 0.9 has no dtype for; accepted: {sorted(_TAGS.values())}"
+    entries = safetensors.deserialize(bytes(data))
+    for name, tag, array in safetensors_arrays(entries, _TAGS.values(), refusal, {"BF16": np.uint16}):
         if tag == "BF16":  # widen the bits to float32 (exact), then narrow in oneflow (exact again)
-            widened = (array.astype(np.uint32) << 16).view(np.float32)
-            out[name] = flow.tensor(widened).to(flow.bfloat16)
+            out[name] = flow.tensor(bf16_widened(array)).to(flow.bfloat16)
         else:
-            out[name] = flow.tensor(array.astype(array.dtype.newbyteorder("=")))  # a copy oneflow owns
+            out[name] = flow.tensor(array)  # a copy oneflow owns
     return out
 
 
@@ -129,15 +106,15 @@ def gradient_state(model: flow.nn.Module) -> dict[str, flow.Tensor]:
     an all-zero gradient means "nothing accumulated" and is left out, as a missing one
     would be: a checkpoint between accumulation cycles then holds no gradients at all.
     """
-    grads: dict[str, flow.Tensor] = {}
-    for name, param in model.named_parameters():
-        grad = param.grad
-        if grad is None:
-            continue
-        grad = grad.detach().to("cpu").clone()
-        if bool(grad.abs().sum().numpy() > 0) or not bool(flow.isfinite(grad).all().numpy()):
-            grads[name] = grad
-    return grads
+    return gradient_copies(model.named_parameters(), _pending_copy)
+
+
+def _pending_copy(grad: flow.Tensor) -> flow.Tensor | None:
+    """A CPU copy of ``grad``, or None when it is all zeros (nothing accumulated)."""
+    grad = grad.to("cpu").clone()
+    if bool(grad.abs().sum().numpy() > 0) or not bool(flow.isfinite(grad).all().numpy()):
+        return grad
+    return None
 
 
 def load_gradient_state(model: flow.nn.Module, grads: Mapping[str, Any], grad_slot: Any = None) -> None:
@@ -173,10 +150,4 @@ def optimizer_state_for_load(state: Any, where: str) -> dict[str, Any]:
 
 
 def _cloned(value: Any) -> Any:
-    if isinstance(value, flow.Tensor):
-        return value.detach().clone()
-    if isinstance(value, Mapping):
-        return {key: _cloned(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cloned(item) for item in value)
-    return value
+    return move_nested(value, lambda v: isinstance(v, flow.Tensor), lambda tensor: tensor.detach().clone())

@@ -56,27 +56,21 @@ describe_sampling = SAMPLING.describe
 
 
 def _holds_paddle_tensor(sample: Any, depth: int = 0) -> bool:
+    """Whether a sample holds a paddle tensor, looking up to 5 levels into dicts, lists and tuples."""
     if isinstance(sample, paddle.Tensor):
         return True
-    if depth > 4:
-        return False
     if isinstance(sample, Mapping):
-        return any(_holds_paddle_tensor(v, depth + 1) for v in sample.values())
-    if isinstance(sample, (list, tuple)):
-        return any(_holds_paddle_tensor(v, depth + 1) for v in sample)
-    return False
+        sample = list(sample.values())
+    return depth <= 4 and isinstance(sample, (list, tuple)) and any(_holds_paddle_tensor(v, depth + 1) for v in sample)
 
 
 def check_workers_and_tensors(dataloader: Any, argument: str) -> None:
-    """Refuse worker processes over a dataset that holds paddle tensors (paddle segfaults on it)."""
-    if type(dataloader) is not DataLoader and not isinstance(dataloader, DataLoader):
-        return
+    """Refuse worker processes of a paddle DataLoader over a dataset that holds paddle tensors (paddle segfaults
+    on it)."""
     if getattr(dataloader, "num_workers", 0) <= 0 or isinstance(dataloader.dataset, IterableDataset):
         return
     try:
-        if len(dataloader.dataset) == 0:
-            return
-        first = dataloader.dataset[0]
+        first = dataloader.dataset[0] if len(dataloader.dataset) else None
     except Exception:  # noqa: BLE001 - the dataset's own errors surface when it is iterated
         return
     if _holds_paddle_tensor(first):

@@ -1,16 +1,13 @@
 """Which process layout a paddle Trainer asks for: decided once, from ``device=``, ``nproc=`` and the environment.
 
-The ``launch`` of the plan, checked in this order:
-
-- ``existing``: the user called ``paddle.distributed.init_parallel_env()`` (or
-  ``fleet.init``) before building the Trainer; that parallel environment is used as is
-  (and a model the user already wrapped in ``paddle.DataParallel`` is unwrapped);
-- ``env``: ``python -m paddle.distributed.launch`` (or anything that sets
-  ``PADDLE_TRAINER_ID``/``PADDLE_TRAINERS_NUM``/``PADDLE_TRAINER_ENDPOINTS``/
-  ``PADDLE_CURRENT_ENDPOINT``) started this process as one of ``PADDLE_TRAINERS_NUM > 1``;
-- ``spawned`` and ``spawn``: as in :class:`drivetrain.backend.DistPlan` (the Trainer starts the processes).
-
-Only checks and arithmetic: no process group is created here, so a wrong combination fails in the first process.
+The plan's ``launch`` is ``existing`` when the user called
+``paddle.distributed.init_parallel_env()`` (or ``fleet.init``) before building the Trainer:
+that parallel environment is used as is, and a model the user already wrapped in
+``paddle.DataParallel`` is unwrapped. Otherwise :meth:`drivetrain.backend.DeviceRules.launch`
+decides, with paddle's device calls (``DEVICES``); ``env`` there means that
+``python -m paddle.distributed.launch`` (or anything that sets ``PADDLE_TRAINER_ID``,
+``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ENDPOINTS`` and ``PADDLE_CURRENT_ENDPOINT``)
+started this process as one of ``PADDLE_TRAINERS_NUM > 1``.
 """
 
 from __future__ import annotations
@@ -22,21 +19,23 @@ from typing import Any
 
 import paddle
 
-from drivetrain.backend import DistPlan as _CorePlan
 from drivetrain.backend import (
+    LAUNCH_OPTION_DOCS,
+    DeviceRules,
     DriverError,
+    LauncherEnv,
     LauncherVars,
     bool_option,
-    check_launched_layout,
     check_layout_arguments,
     check_process_count,
-    choice_option,
-    env_int,
-    one_gpu_for_many,
+    env_address,
+    env_master,
     plan_options,
-    processes_wanted,
+    process_group_backend,
     read_launcher_env,
+    refuse_late_options,
 )
+from drivetrain.backend import DistPlan as _CorePlan
 
 from ._device import Device, model_device, resolve_device
 
@@ -58,21 +57,17 @@ DIST_KWARGS = {
     "backend": "'gloo' or 'nccl' (default: gloo on CPU, nccl on GPUs)",
     "find_unused_parameters": "bool (default False): True all-reduces every trainable parameter's gradient, "
     "a zero one where a process did not use the parameter (needed when ranks use different parameters)",
-    "even_batches": "bool (default False): True refuses a training set whose last global batch would be "
-    "padded with repeated samples (use drop_last=True or a divisible size)",
-    "spawn_output": "'inherit' (default) or 'prefix': output of the processes the Trainer starts; 'prefix' "
-    "starts each of their lines with [rank N]",
+    **LAUNCH_OPTION_DOCS,
 }
-BACKENDS = ("gloo", "nccl")
 _OPTIONS = "paddle_kwargs"
 
 LAUNCH_HINT = ("Start every process with paddle's launcher (python -m paddle.distributed.launch --nproc_per_node N "
                "--log_dir /tmp/paddle-logs train.py), which sets PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, "
                "PADDLE_TRAINER_ENDPOINTS and PADDLE_CURRENT_ENDPOINT")
-_LAUNCH_START = "python -m paddle.distributed.launch --nproc_per_node {n} train.py"
 PADDLE_LAUNCH = LauncherVars(
     rank="PADDLE_TRAINER_ID", world_size="PADDLE_TRAINERS_NUM", local_rank=("PADDLE_LOCAL_RANK", "PADDLE_RANK_IN_NODE"),
-    local_world_size="PADDLE_LOCAL_SIZE", hint=LAUNCH_HINT, start=_LAUNCH_START,
+    local_world_size="PADDLE_LOCAL_SIZE", hint=LAUNCH_HINT,
+    start="python -m paddle.distributed.launch --nproc_per_node {n} train.py",
     needed_when_many=("PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT"), rank_word="the id",
     local_rank_word="the local rank", gpu="gpu",
 )
@@ -97,10 +92,9 @@ class DistPlan(_CorePlan):
 
 @dataclasses.dataclass(frozen=True)
 class _Env:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
+    """paddle's launcher variables of this process, with the stores they name."""
+
+    layout: LauncherEnv
     master: tuple[str, int] | None
     backend: str | None
     spawn_store: tuple[str, int] | None
@@ -108,10 +102,10 @@ class _Env:
 
 def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
     """The distributed layout asked for, or None for one process (the single-device driver)."""
-    listed = check_layout_arguments(nproc, device)
+    check_layout_arguments(nproc, device)
     inner = model._layers if isinstance(model, paddle.DataParallel) else model
     if paddle.distributed.is_initialized():
-        return _existing_plan(model, inner, device, nproc, options)
+        return _existing_plan(inner, device, nproc, options)
     if inner is not model:
         raise DriverError(
             "model is a paddle.DataParallel but the parallel environment is not initialised in this process; "
@@ -119,75 +113,41 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
             "wrapping it."
         )
     env = read_env()
-    if env is not None and (env.world_size > 1 or env.spawn_store is not None):
-        check_launched_layout(nproc, device, env, PADDLE_LAUNCH)
-        return _make_plan("spawned" if env.spawn_store is not None else "env", model, device, env.rank,
-                          env.world_size, env.local_rank, env.local_world_size, options, env.master,
-                          backend=env.backend, spawn_store=env.spawn_store)
-    wanted = processes_wanted(nproc, device)
-    if env is not None and wanted > 1:  # a launcher started a single process, but more were asked for
-        check_process_count(wanted, env.world_size, "PADDLE_TRAINERS_NUM", start=_LAUNCH_START)
-    if wanted == 1:
+    launched = None if env is None else env.layout
+    launch = DEVICES.launch(nproc, device, launched, model, spawned=env is not None and env.spawn_store is not None)
+    if launch is None:
         return None
-    if listed and len(device) == 1:
-        device = device[0]
-    if listed:
-        _check_device_list(device)
-    else:
-        _check_spawn_device(device, wanted, model)
-    return _make_plan("spawn", model, device, 0, wanted, 0, wanted, options, None)
+    if launch[0] == "spawn":
+        return _make_plan(*launch, model, options)
+    return _make_plan(*launch, model, options, env.master, backend=env.backend, spawn_store=env.spawn_store)
 
 
 # ----------------------------------------------------------------------------- layouts
-def _existing_plan(model: Any, inner: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan:
+def _existing_plan(inner: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan:
     from paddle import distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
     check_process_count(nproc, world, "the world size of the parallel environment you initialised",
-                        start=_LAUNCH_START)
-    for key in ("timeout", "backend", "fleet", "strategy"):
-        if key in options:
-            raise DriverError(
-                f"paddle_kwargs[{key!r}] applies when drivetrain initialises the parallel environment, but "
-                "paddle.distributed.init_parallel_env (or fleet.init) was already called; remove it."
-            )
+                        start=PADDLE_LAUNCH.start)
+    refuse_late_options(options, ("timeout", "backend", "fleet", "strategy"), argument=_OPTIONS,
+                        initialised="paddle.distributed.init_parallel_env (or fleet.init)")
     env = read_env()
-    local_rank = env.local_rank if env is not None else rank
-    local_world = env.local_world_size if env is not None else world
+    layout = env.layout if env is not None else LauncherEnv(rank, world, rank, world)
     if device is None:
-        device = "gpu" if model_device(inner).kind == "gpu" else "cpu"
+        device = DEVICES.default(inner)
     from paddle.distributed.collective import _get_global_group
 
-    backend = _backend_of(_get_global_group())
-    master = env.master if env is not None else None
-    return _make_plan("existing", inner, device, rank, world, local_rank, local_world, options, master,
-                      backend=backend)
+    group = type(getattr(_get_global_group(), "process_group", None)).__name__.lower()  # ProcessGroupNCCL, ...
+    return _make_plan("existing", device, LauncherEnv(rank, world, layout.local_rank, layout.local_world_size), inner,
+                      options, env.master if env is not None else None, backend="nccl" if "nccl" in group else "gloo")
 
 
-def _backend_of(group: Any) -> str:
-    name = type(getattr(group, "process_group", None)).__name__.lower()
-    return "nccl" if "nccl" in name else "gloo"
-
-
-def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, local_rank: int, local_world: int,
-               options: Mapping[str, Any], master: tuple[str, int] | None, *, backend: str | None = None,
+def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],
+               master: tuple[str, int] | None = None, *, backend: str | None = None,
                spawn_store: tuple[str, int] | None = None) -> DistPlan:
-    resolved = _device_for_rank(device, model, local_rank, local_world)
-    if backend == "auto":
-        backend = None
-    backend = choice_option(options, "backend", BACKENDS, backend, argument=_OPTIONS)
-    if backend is None:
-        backend = "nccl" if resolved.kind == "gpu" else "gloo"
-    if backend == "nccl" and resolved.kind != "gpu":
-        raise DriverError(
-            f"the backend is 'nccl', which needs GPUs, but device={device!r} puts this process on {resolved}; "
-            "use the 'gloo' backend on CPU (the default there) or pass GPU devices."
-        )
-    if backend == "gloo" and resolved.kind == "gpu":
-        raise DriverError(
-            f"the backend is 'gloo' but device={device!r} puts this process on {resolved}; paddle's gloo "
-            "process group runs on the CPU only: use 'nccl' with GPUs (the default there)."
-        )
+    resolved = DEVICES.for_rank(device, model, env.local_rank, env.local_world_size)
+    backend = process_group_backend(options, argument=_OPTIONS, on_gpu=resolved.kind == "gpu", device=device,
+                                    where=resolved, default=None if backend == "auto" else backend, gloo_on_gpu=False)
     fleet = bool_option(options, "fleet", False, argument=_OPTIONS)
     strategy = options.get("strategy")
     if strategy is not None:
@@ -195,12 +155,12 @@ def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, loca
     gpus = None
     if launch == "spawn" and resolved.kind == "gpu":
         listed = isinstance(device, (list, tuple))
-        gpus = tuple(d.index for d in _check_device_list(device)) if listed else tuple(range(world))
+        gpus = tuple(d.index for d in DEVICES.listed(device)) if listed else tuple(range(env.world_size))
     return DistPlan(
-        launch=launch, world_size=world, rank=rank, local_rank=local_rank, device=resolved, backend=backend,
-        **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=_OPTIONS), fleet=fleet, strategy=strategy,
+        launch=launch, world_size=env.world_size, rank=env.rank, local_rank=env.local_rank, device=resolved,
+        backend=backend, **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=_OPTIONS), fleet=fleet,
+        strategy=strategy, master=master, spawn_store=spawn_store, gpus=gpus,
         find_unused_parameters=bool_option(options, "find_unused_parameters", False, argument=_OPTIONS),
-        master=master, spawn_store=spawn_store, gpus=gpus,
     )
 
 
@@ -224,25 +184,13 @@ def _check_strategy(strategy: Any, fleet: bool) -> None:
 
 
 # ---------------------------------------------------------------------- environment
-def _env_int(name: str, default: int | None = None) -> int:
-    return env_int(name, default, hint=LAUNCH_HINT)
-
-
-def _address(text: str, name: str) -> tuple[str, int]:
-    host, _, port = text.strip().rpartition(":")
-    if not host or not port.isdigit():
-        raise DriverError(f"the environment variable {name}={text!r} is not host:port. {LAUNCH_HINT}.")
-    return host, int(port)
-
-
 def read_env() -> _Env | None:
     """paddle's launcher variables of this process, or None when neither PADDLE_TRAINER_ID nor
     PADDLE_TRAINERS_NUM is set."""
     launched = read_launcher_env(PADDLE_LAUNCH)
     if launched is None:
         return None
-    rank, world, local_rank, local_world = (launched.rank, launched.world_size, launched.local_rank,
-                                            launched.local_world_size)
+    world = launched.world_size
     master = None
     if world > 1:
         endpoints = os.environ["PADDLE_TRAINER_ENDPOINTS"].split(",")
@@ -251,88 +199,43 @@ def read_env() -> _Env | None:
                 f"PADDLE_TRAINER_ENDPOINTS lists {len(endpoints)} endpoint(s) but PADDLE_TRAINERS_NUM={world}; "
                 f"list one host:port per process. {LAUNCH_HINT}."
             )
-        master = master_address(endpoints)
-    spawn_store = None
-    if SPAWN_STORE_ENV in os.environ:
-        spawn_store = _address(os.environ[SPAWN_STORE_ENV], SPAWN_STORE_ENV)
-    return _Env(rank, world, local_rank, local_world, master, os.environ.get("PADDLE_DISTRI_BACKEND"), spawn_store)
+        master = master_address()
+    spawn_store = env_address(SPAWN_STORE_ENV, hint=LAUNCH_HINT) if SPAWN_STORE_ENV in os.environ else None
+    return _Env(launched, master, os.environ.get("PADDLE_DISTRI_BACKEND"), spawn_store)
 
 
-def master_address(endpoints: list[str] | None = None) -> tuple[str, int]:
+def master_address() -> tuple[str, int]:
     """Where paddle's process-group store listens: the same order of variables init_parallel_env reads."""
-    if endpoints is None:
-        endpoints = os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
-    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        return os.environ["MASTER_ADDR"], _env_int("MASTER_PORT")
-    if os.environ.get("PADDLE_MASTER"):
-        return _address(os.environ["PADDLE_MASTER"], "PADDLE_MASTER")
-    return _address(endpoints[0], "PADDLE_TRAINER_ENDPOINTS")
+    master = env_master(hint=LAUNCH_HINT)
+    if master is None and os.environ.get("PADDLE_MASTER"):
+        return env_address("PADDLE_MASTER", hint=LAUNCH_HINT)
+    first = os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
+    return master or env_address("PADDLE_TRAINER_ENDPOINTS", hint=LAUNCH_HINT, value=first)
 
 
 # ---------------------------------------------------------------------------- devices
 def _any_gpu(device: Any) -> bool:
-    return isinstance(device, str) and device.strip().lower() in ("gpu", "cuda")
+    """``'gpu'`` or ``'cuda'`` (a GPU without saying which one), where paddle sees GPUs."""
+    unnamed = isinstance(device, str) and device.strip().lower() in ("gpu", "cuda")
+    return unnamed and paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
 
 
-def _gpu_count() -> int:
-    return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+def _gpu_for_rank(device: Any, model: Any, local_rank: int, local_world: int) -> Device:
+    """The GPU paddle's launcher selected for this process, else the one numbered ``local_rank``."""
+    selected = os.environ.get("FLAGS_selected_gpus", "")  # paddle's launcher gives each process its GPU
+    return resolve_device(int(selected) if selected.isdigit() else local_rank, model)
 
 
-def _device_for_rank(device: Any, model: Any, local_rank: int, local_world: int) -> Device:
-    """This process's device: the ``local_rank``-th listed one, or the GPU numbered ``local_rank``."""
-    if isinstance(device, (list, tuple)):
-        return _check_device_list(device)[local_rank]
-    if device is None:
-        device = "gpu" if model_device(model).kind == "gpu" else "cpu"
-    if _any_gpu(device):
-        selected = os.environ.get("FLAGS_selected_gpus", "")
-        if selected.isdigit():  # paddle's launcher gives each process its GPU
-            return resolve_device(int(selected), model)
-        return resolve_device(local_rank, model)
-    resolved = resolve_device(device, model)
-    if resolved.kind == "gpu" and local_world > 1:
-        raise one_gpu_for_many(device, local_world, PADDLE_LAUNCH, spawn=False)
-    return resolved
+def _parse_listed(item: Any, given: str) -> Device:
+    """One entry of a device list: paddle's own rules, the error prefixed by the whole list."""
+    if item is None or isinstance(item, (list, tuple)):
+        raise DriverError(f"{given}: {item!r} is not a device; list GPU indices ([0, 1]) or 'gpu:N' strings.")
+    try:
+        return resolve_device(item, None)
+    except DriverError as exc:
+        raise DriverError(f"{given}: {exc}") from None
 
 
-def _check_spawn_device(device: Any, nproc: int, model: Any) -> None:
-    """``device`` with ``nproc`` processes started by the Trainer: one CPU each, or GPUs 0..nproc-1."""
-    if device is None:
-        device = "gpu" if model_device(model).kind == "gpu" else "cpu"
-    if _any_gpu(device):
-        resolve_device(device, model)  # says why a GPU cannot be used
-        count = _gpu_count()
-        if nproc > count:
-            raise DriverError(
-                f"nproc={nproc} with device={device!r} needs {nproc} GPUs (one per process) but this machine has "
-                f"{count}; pass nproc={count} or less, or device='cpu' to train with CPU processes."
-            )
-        return
-    if resolve_device(device, model).kind == "gpu":
-        raise one_gpu_for_many(device, nproc, PADDLE_LAUNCH, spawn=True)
-
-
-def _check_device_list(devices: Any) -> list[Device]:
-    """One distinct device per process, all CPU or all existing GPUs."""
-    given = f"device={list(devices)!r}"
-    parsed = []
-    for item in devices:
-        if item is None or isinstance(item, (list, tuple)):
-            raise DriverError(f"{given}: {item!r} is not a device; list GPU indices ([0, 1]) or 'gpu:N' strings.")
-        try:
-            parsed.append(resolve_device(item, None))
-        except DriverError as exc:
-            raise DriverError(f"{given}: {exc}") from None
-    kinds = {d.kind for d in parsed}
-    if len(kinds) > 1:
-        raise DriverError(f"{given} mixes the CPU and GPUs; list only GPUs, or use device='cpu' with nproc=N.")
-    if "cpu" in kinds and len(parsed) > 1:
-        raise DriverError(
-            f"{given} lists the CPU {len(parsed)} times; to train with {len(parsed)} CPU processes pass "
-            f"device='cpu', nproc={len(parsed)}."
-        )
-    names = [d.name for d in parsed]
-    for name in names:
-        if names.count(name) > 1:
-            raise DriverError(f"{given} lists {name} more than once; one process runs per listed GPU: list each once.")
-    return parsed
+DEVICES = DeviceRules(names=PADDLE_LAUNCH, model_device=model_device, resolve=resolve_device,
+                      on_gpu=lambda d: d.kind == "gpu", any_gpu=_any_gpu, gpu_for_rank=_gpu_for_rank,
+                      gpu_count=lambda: paddle.device.cuda.device_count(), parse_listed=_parse_listed)

@@ -7,23 +7,41 @@ each process (its rank, the endpoints, the process group's store), on free ports
 127.0.0.1, and a small store this process hosts for the start-up and exit notices.
 Unlike paddle's launcher, nothing is written to a ``./log`` folder: the children's
 output goes to this process's terminal.
+
+paddle's ``TCPStore`` is the store of the core's failure board and launcher through
+:class:`drivetrain.backend.ThreadStore`: its ``get`` waits for a missing key and it has
+no ``check``, and a handle is one TCP connection, not meant to be shared between threads.
 """
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
-from drivetrain.backend import READY_KEY, CheckedStore, Launcher, relaunch_command
+from drivetrain.backend import (
+    LOCALHOST,
+    Launcher,
+    ThreadStore,
+    free_ports,
+    relaunch_command,
+    startup_patience,
+)
 
 from ._dist_plan import SPAWN_STORE_ENV
-from ._store import ThreadStore, host_store
 
 PADDLE_LAUNCH = "python -m paddle.distributed.launch --nproc_per_node N --log_dir /tmp/paddle-logs train.py"
 TIMEOUT_OPTION = "paddle_kwargs['timeout']"
-_HOST = "127.0.0.1"
 _LAUNCHER_VARS = ("PADDLE_", "FLAGS_selected_gpus", "MASTER_ADDR", "MASTER_PORT", "POD_NAME")
-_STARTUP_FLOOR = 60.0
+_CONNECT_TIMEOUT = 10  # seconds
+
+
+def paddle_store(address: tuple[str, int], *, host_for: float | None = None) -> ThreadStore:
+    """paddle's store at ``address``; with ``host_for`` (its timeout) this process hosts it, as a server
+    nobody else waits for (world size 1)."""
+    from paddle.base import core
+
+    host, port = address
+    hosted = None if host_for is None else core.TCPStore(host, port, True, 1, int(host_for))
+    return ThreadStore(lambda: core.TCPStore(host, port, False, 1, _CONNECT_TIMEOUT), f"{host}:{port}", hosted)
 
 
 def paddle_relaunch_command(**kwargs: Any) -> list[str]:
@@ -31,28 +49,14 @@ def paddle_relaunch_command(**kwargs: Any) -> list[str]:
     return relaunch_command(PADDLE_LAUNCH, **kwargs)
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free at this moment on the loopback interface."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((_HOST, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def paddle_env(rank: int, world_size: int, ports: list[int], backend: str, gpus: list[int] | None) -> dict[str, str]:
     """The variables paddle's launcher sets for ``rank``: ``ports[0]`` is the process group's store,
     ``ports[1:world_size + 1]`` the processes' endpoints."""
-    endpoints = [f"{_HOST}:{p}" for p in ports[1:world_size + 1]]
+    endpoints = [f"{LOCALHOST}:{p}" for p in ports[1:world_size + 1]]
     env = {
         "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(world_size),
         "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints), "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
-        "PADDLE_MASTER": f"{_HOST}:{ports[0]}", "PADDLE_DISTRI_BACKEND": backend,
+        "PADDLE_MASTER": f"{LOCALHOST}:{ports[0]}", "PADDLE_DISTRI_BACKEND": backend,
         "PADDLE_LOCAL_RANK": str(rank), "PADDLE_RANK_IN_NODE": str(rank), "PADDLE_LOCAL_SIZE": str(world_size),
         "PADDLE_GLOBAL_RANK": str(rank), "PADDLE_GLOBAL_SIZE": str(world_size), "PADDLE_NNODES": "1",
     }
@@ -69,18 +73,11 @@ def start_children(world_size: int, timeout: float, output: str, command: list[s
     ``init_parallel_env`` reads from ``os.environ``.
     """
     ports = free_ports(world_size + 2)
-    address = (_HOST, ports[-1])
-    store = ThreadStore(address, hosted=host_store(_HOST, ports[-1], max(timeout, _STARTUP_FLOOR)))
+    store = paddle_store((LOCALHOST, ports[-1]), host_for=startup_patience(timeout))
     launcher = Launcher(world_size, timeout, output, command, timeout_option=TIMEOUT_OPTION, drop_env=_LAUNCHER_VARS)
 
     def child_env(rank: int) -> dict[str, str]:
-        return {**paddle_env(rank, world_size, ports, backend, gpus), SPAWN_STORE_ENV: f"{_HOST}:{ports[-1]}"}
+        return {**paddle_env(rank, world_size, ports, backend, gpus), SPAWN_STORE_ENV: f"{LOCALHOST}:{ports[-1]}"}
 
-    launcher.start(CheckedStore(store), child_env)
+    launcher.start(store, child_env)
     return launcher, store, paddle_env(0, world_size, ports, backend, gpus)
-
-
-def announce_ready(store: ThreadStore, rank: int) -> None:
-    """Tell the parent that this spawned process reached its Trainer."""
-    store.connect_here()
-    CheckedStore(store).set(READY_KEY.format(rank=rank), "1")

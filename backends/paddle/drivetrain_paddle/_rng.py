@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from drivetrain.backend import DriverError, check_rng_state_keys, warn_device_states
+from drivetrain.backend import DriverError, check_rng_state_keys, rng_state_list, warn_device_states
 
 _State = paddle.base.libpaddle.GeneratorState
 
@@ -63,20 +63,16 @@ def rng_state(include_gpu: bool) -> dict[str, Any]:
 def load_rng_state(state: Mapping[str, Any]) -> None:
     """Restore :func:`rng_state`; GPU states are restored for the GPUs this machine has."""
     check_rng_state_keys(state, ("cpu", "gpu"), "paddle")
-    cpu = [_decode(s, f"state['cpu'][{i}]") for i, s in enumerate(_as_list(state["cpu"], "cpu"))]
-    gpu = state.get("gpu")
-    gpu_states = None
-    if gpu is not None:
-        gpu_states = [_decode(s, f"state['gpu'][{i}]") for i, s in enumerate(_as_list(gpu, "gpu"))]
+    cpu = _decode_all(state, "cpu")
+    gpu = None if state.get("gpu") is None else _decode_all(state, "gpu")
     paddle.set_rng_state(cpu, "cpu")
-    if gpu_states is not None:
-        _load_gpu_states(gpu_states)
+    if gpu is not None:
+        _load_gpu_states(gpu)
 
 
-def _as_list(value: Any, key: str) -> list[Any]:
-    if not isinstance(value, (list, tuple)):
-        raise DriverError(f"load_rng_state: state[{key!r}] is a {type(value).__name__}; expected a list of states.")
-    return list(value)
+def _decode_all(state: Mapping[str, Any], key: str) -> list[Any]:
+    states = rng_state_list(state[key], key, "a list of states")
+    return [_decode(value, f"state[{key!r}][{index}]") for index, value in enumerate(states)]
 
 
 def _load_gpu_states(states: list[Any]) -> None:

@@ -16,14 +16,13 @@ driver's device, and moves the model there.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import paddle
 
-from drivetrain.backend import DriverError, ModuleDriver, bool_option, check_lrs
+from drivetrain.backend import DriverError, ModuleDriver, check_lrs
 
 from . import _rng
 from . import state as _state
@@ -43,15 +42,8 @@ FRAMEWORK_KWARGS: dict[str, str] = {
     "code where it cannot (False, paddle's SOT mode)",
     "set_to_zero": "bool (default False): zero_grad fills gradients with zeros instead of releasing them",
 }
-_SCALER_KEYS = frozenset(SCALER_KWARGS)
 
-_LOW_PRECISION_FLOATS = (paddle.float16, paddle.bfloat16)
-
-
-
-
-def _bool_option(options: Mapping[str, Any], key: str, default: bool) -> bool:
-    return bool_option(options, key, default, argument="paddle_kwargs")
+_NUMPY_LESS_FLOATS = (paddle.float16, paddle.bfloat16, paddle.float8_e4m3fn, paddle.float8_e5m2)
 
 
 class PaddleSingleDriver(ModuleDriver):
@@ -72,6 +64,7 @@ class PaddleSingleDriver(ModuleDriver):
     distributed_hint = ("train distributed: device=[0, 1], nproc=N, or start the script with python -m "
                         "paddle.distributed.launch")
     state_ops = _state
+    rng_ops = _rng
     device: Device
 
     def resolve_device(self, device: Any, model: Any) -> Device:
@@ -79,14 +72,14 @@ class PaddleSingleDriver(ModuleDriver):
 
     def configure(self, options: dict[str, Any]) -> None:
         self._move = Mover(self.device)
-        self.set_to_zero = _bool_option(options, "set_to_zero", False)
+        self.set_to_zero = self.flag_option(options, "set_to_zero", False)
         self._precision = Precision(self.precision, self.device, options.get("amp_level"),
-                                    {k: v for k, v in options.items() if k in _SCALER_KEYS})
+                                    {k: v for k, v in options.items() if k in SCALER_KWARGS})
         self.grad_scaler = self._precision.scaler
         self.static: StaticTraining | None = None
-        if _bool_option(options, "to_static", False):
+        if self.flag_option(options, "to_static", False):
             self.static = StaticTraining(self.model, options.get("input_spec"),
-                                         _bool_option(options, "full_graph", True))
+                                         self.flag_option(options, "full_graph", True))
         elif "input_spec" in options or "full_graph" in options:
             raise DriverError(
                 "paddle_kwargs['input_spec'] / ['full_graph'] configure static-graph training, but to_static is "
@@ -102,8 +95,7 @@ class PaddleSingleDriver(ModuleDriver):
         ``Layer.to`` keeps parameter identity, so optimizers built before stay valid.
         """
         paddle.set_device(self.device.name)
-        if any(not self._move.in_place(p) for p in self.model.parameters()) or any(
-                not self._move.in_place(b) for b in self.model.buffers()):
+        if not all(self._move.in_place(t) for t in [*self.model.parameters(), *self.model.buffers()]):
             self.model.to(device=self.device.name)
         self._precision.decorate(self.model, self.optimizers)
         if self.static is not None:
@@ -124,12 +116,6 @@ class PaddleSingleDriver(ModuleDriver):
         with quiet():
             return super().model_call(batch, fn, signature_fn)
 
-    def no_grad(self) -> contextlib.AbstractContextManager:
-        return paddle.no_grad()
-
-    def auto_cast(self) -> contextlib.AbstractContextManager:
-        return self._precision.autocast()
-
     # --------------------------------------------------------------- optimisation
     def optimizer_params(self, optimizer: Any) -> list[Any]:
         return _state.parameters_of(optimizer)
@@ -144,13 +130,9 @@ class PaddleSingleDriver(ModuleDriver):
 
     def set_optimizers(self, optimizers: Any) -> None:
         super().set_optimizers(optimizers)
-        seen: set[int] = set()
-        self._params = []
-        for optimizer in self.optimizers:  # for clipping: every trainable parameter once
-            for param in self.optimizer_params(optimizer):
-                if id(param) not in seen and not param.stop_gradient:
-                    seen.add(id(param))
-                    self._params.append(param)
+        trainable = {id(p): p for optimizer in self.optimizers for p in self.optimizer_params(optimizer)
+                     if not p.stop_gradient}
+        self._params = list(trainable.values())  # for clipping: every trainable parameter once, in order
 
     def trainable_params(self) -> list[Any]:
         return self._params
@@ -164,10 +146,7 @@ class PaddleSingleDriver(ModuleDriver):
                 f"the model's output 'loss' has shape {list(loss.shape)}; backward needs a single number: "
                 "reduce it in the model, e.g. loss.mean()."
             )
-        if self.grad_scaler is not None:
-            self.grad_scaler.scale(loss).backward()
-        else:
-            loss.backward()
+        super().run_backward(loss)
 
     def raise_bad_loss(self, loss: Any) -> None:
         if isinstance(loss, paddle.Tensor):
@@ -177,38 +156,14 @@ class PaddleSingleDriver(ModuleDriver):
             )
         super().raise_bad_loss(loss)
 
-    def clip_gradients(self, params: list[Any]) -> None:
-        if self.grad_clip_type == "norm":
-            paddle.nn.utils.clip_grad_norm_(params, self.grad_clip)
-        else:
-            paddle.nn.utils.clip_grad_value_(params, self.grad_clip)
-
-    def _optimizers_to_step(self) -> list[Any]:
-        """What ``step`` steps: the user's optimizers (the distributed driver may wrap them)."""
-        return self.optimizers
-
-    def step(self) -> None:
-        scaler = self.grad_scaler
-        optimizers = self._optimizers_to_step()
-        if self.grad_clip is not None:
-            if scaler is not None:
-                for optimizer in optimizers:
-                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            self.clip_gradients(self._params)
-        if scaler is None:
-            for optimizer in optimizers:
-                optimizer.step()
-            return
-        for optimizer in optimizers:
-            scaler.step(optimizer)
-        scaler.update()
-
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:
             optimizer.clear_grad(set_to_zero=self.set_to_zero)
 
     def get_lrs(self) -> list[list[float]]:
-        return [_state.learning_rates(opt, f"optimizers[{i}]") for i, opt in enumerate(self.optimizers)]
+        """paddle's one rate per optimizer times each param group's multiplier (its ``learning_rate``)."""
+        return [[float(opt.get_lr()) * m for m in _state.lr_multipliers(opt, f"optimizers[{i}]")]
+                for i, opt in enumerate(self.optimizers)]
 
     def set_lrs(self, lrs: list[list[float]]) -> None:
         groups = [len(_state.lr_multipliers(opt, f"optimizers[{i}]")) for i, opt in enumerate(self.optimizers)]
@@ -225,7 +180,7 @@ class PaddleSingleDriver(ModuleDriver):
     def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
         if not isinstance(tensor, paddle.Tensor):
             return np.asarray(tensor)
-        if tensor.dtype in _LOW_PRECISION_FLOATS or tensor.dtype in (paddle.float8_e4m3fn, paddle.float8_e5m2):
+        if tensor.dtype in _NUMPY_LESS_FLOATS:
             tensor = tensor.astype(paddle.float32)  # numpy has no bfloat16 / float8
         return tensor.detach().numpy()  # always a host copy
 
@@ -259,9 +214,6 @@ class PaddleSingleDriver(ModuleDriver):
 
     def rng_state(self) -> dict[str, Any]:
         return _rng.rng_state(include_gpu=self.device.kind == "gpu")
-
-    def load_rng_state(self, state: Mapping[str, Any]) -> None:
-        _rng.load_rng_state(state)
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:

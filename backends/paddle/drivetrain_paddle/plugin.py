@@ -7,12 +7,12 @@ The ``drivetrain`` entry-point group points here; the core calls
 
 from __future__ import annotations
 
-from drivetrain import Capabilities, DriverSpec, hookimpl
+from drivetrain import Capabilities
+from drivetrain.backend import driver_specs_hook
 
 TESTED_PADDLE = "3.3.1"
-
-INSTALL = f'pip install "drivetrain[paddle]" paddlepaddle=={TESTED_PADDLE}'
-"""The command in "not installed" messages; GPU users install paddlepaddle-gpu instead (docs, device errors)."""
+"""The paddlepaddle release this backend is tested with; "not installed" messages name the core's install line
+for paddle (``pip install "drivetrain[paddle]" paddlepaddle==3.3.1``), GPU users install paddlepaddle-gpu instead."""
 
 CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16", "bf16"),
@@ -38,27 +38,8 @@ CAPABILITIES = Capabilities(
 )
 
 
-@hookimpl
-def drivetrain_driver_specs() -> list[DriverSpec]:
-    """The paddle driver's description; the factory is imported only when it is chosen."""
-    return [
-        DriverSpec(
-            name="paddle",
-            framework="paddle",
-            factory="drivetrain_paddle.factory:create_driver",
-            model_modules=("paddle",),
-            capabilities=CAPABILITIES,
-            distribution="drivetrain-paddle",
-            install=INSTALL,
-            contract_versions=(1,),  # what this release implements; never CONTRACT_VERSION (that follows the core)
-            seed_function="drivetrain_paddle.plugin:seed_paddle",
-            testing_kit="drivetrain_paddle.testing_kit:paddle_kit",
-        )
-    ]
-
-
-def seed_paddle(seed: int) -> None:
-    """Seed paddle's generators, CPU and every GPU (called by ``seed_everything`` once paddle is imported)."""
-    import paddle
-
-    paddle.seed(seed)
+# contract_versions: what this release implements; never CONTRACT_VERSION (that follows the core)
+drivetrain_driver_specs = driver_specs_hook(
+    "paddle", CAPABILITIES, contract_versions=(1,), seed_function="paddle:seed"
+)
+"""The paddle driver's description (``seed_everything`` calls its seed function once paddle is imported)."""

@@ -15,15 +15,14 @@ and trains in fp32 -- it does not pretend.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import paddle
 
-from drivetrain.backend import DriverError, scaler_state_to_load
+from drivetrain.backend import AmpPrecision, DriverError, no_bf16_error
 
 from ._device import Device
 
@@ -39,36 +38,36 @@ SCALER_KWARGS: dict[str, str] = {
 }
 
 
-def _check_scaler_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    checked: dict[str, Any] = {}
-    for key, value in kwargs.items():
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if key == "use_dynamic_loss_scaling":
-            ok = isinstance(value, bool)
-        elif key in ("incr_every_n_steps", "decr_every_n_nan_or_inf"):
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        elif key == "incr_ratio":
-            ok = number and value > 1
-        elif key == "decr_ratio":
-            ok = number and 0 < value < 1
-        else:  # init_loss_scaling
-            ok = number and value > 0
-        if not ok:
-            raise DriverError(f"paddle_kwargs[{key!r}]={value!r} is not accepted; it must be {SCALER_KWARGS[key]}.")
-        checked[key] = value
-    return checked
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-class Precision:
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+_SCALER_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "init_loss_scaling": lambda value: _number(value) and value > 0,
+    "incr_ratio": lambda value: _number(value) and value > 1,
+    "decr_ratio": lambda value: _number(value) and 0 < value < 1,
+    "incr_every_n_steps": _count,
+    "decr_every_n_nan_or_inf": _count,
+    "use_dynamic_loss_scaling": lambda value: isinstance(value, bool),
+}
+"""What each of :data:`SCALER_KWARGS` must be (the words of the error are there)."""
+
+
+class Precision(AmpPrecision):
     """The autocast factory, optional GradScaler and O2 decoration for one precision on one device."""
+
+    saved_with = "precision='fp16' on a GPU"
 
     def __init__(self, precision: str, device: Device, amp_level: str | None = None,
                  scaler_kwargs: Mapping[str, Any] | None = None) -> None:
-        self.precision = precision
+        super().__init__(precision)
         self.dtype = _DTYPES.get(precision)
-        self.scaler: Any = None
-        self._null = contextlib.nullcontext()
-        self._make_autocast: Any = None
+        self.level: str | None = None
+        self.enabled = False
         scaler_kwargs = dict(scaler_kwargs or {})
         if self.dtype is None:
             if amp_level is not None or scaler_kwargs:
@@ -77,11 +76,9 @@ class Precision:
                     f"paddle_kwargs {given} configure mixed precision, but precision='fp32'; pass fp16=True or "
                     "precision='fp16'/'bf16', or remove them."
                 )
-            self.level = None
-            self.enabled = False
             return
-        level = "O1" if amp_level is None else amp_level
-        if level not in AMP_LEVELS:
+        self.level = "O1" if amp_level is None else amp_level
+        if self.level not in AMP_LEVELS:
             raise DriverError(
                 f"paddle_kwargs['amp_level']={amp_level!r} is not accepted; use 'O1' (cast per op, default) or "
                 "'O2' (fp16/bf16 parameters with fp32 master weights)."
@@ -91,8 +88,9 @@ class Precision:
                 f"paddle_kwargs {sorted(scaler_kwargs)} set the fp16 loss scaler, but precision={precision!r} "
                 "needs no scaler (bfloat16 has fp32's range); remove them or use precision='fp16'."
             )
-        scaler_kwargs = _check_scaler_kwargs(scaler_kwargs)
-        self.level = level
+        for key, value in scaler_kwargs.items():
+            if not _SCALER_CHECKS[key](value):
+                raise DriverError(f"paddle_kwargs[{key!r}]={value!r} is not accepted; it must be {SCALER_KWARGS[key]}.")
         self.enabled = device.kind == "gpu"
         if not self.enabled:
             warnings.warn(
@@ -103,24 +101,14 @@ class Precision:
                 stacklevel=4,
             )
             return
-        place = device.place()
-        supported = (paddle.amp.is_float16_supported(place) if precision == "fp16"
-                     else paddle.amp.is_bfloat16_supported(place))
-        if not supported:
-            raise DriverError(
-                f"precision={precision!r} on {device}: paddle reports no {self.dtype} support on this GPU "
-                + ("(bfloat16 needs compute capability 8.0, Ampere, or newer); use precision='fp16'."
-                   if precision == "bf16" else "; use precision='fp32'.")
-            )
-        self._make_autocast = functools.partial(paddle.amp.auto_cast, enable=True, level=level, dtype=self.dtype)
+        if precision == "bf16" and not paddle.amp.is_bfloat16_supported(device.place()):
+            raise no_bf16_error(device)
+        if precision == "fp16" and not paddle.amp.is_float16_supported(device.place()):
+            raise DriverError(f"precision='fp16' on {device}: paddle reports no float16 support on this GPU; use "
+                              "precision='fp32'.")
+        self.make_autocast = functools.partial(paddle.amp.auto_cast, enable=True, level=self.level, dtype=self.dtype)
         if precision == "fp16":
             self.scaler = paddle.amp.GradScaler(enable=True, **scaler_kwargs)
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """A context that runs the forward in this precision (a shared no-op for fp32 and on the CPU)."""
-        if self._make_autocast is None:
-            return self._null
-        return self._make_autocast()
 
     def decorate(self, model: paddle.nn.Layer, optimizers: list[Any]) -> None:
         """Level O2: cast the model's parameters to fp16/bf16 and give the optimizers fp32 master weights."""
@@ -128,21 +116,10 @@ class Precision:
             return
         paddle.amp.decorate(models=model, optimizers=optimizers or None, level="O2", dtype=self.dtype)
 
-    def state(self) -> dict[str, Any] | None:
-        """The GradScaler's state (scale, counters, settings: numbers and a 1-element array) under fp16."""
-        return None if self.scaler is None else dict(self.scaler.state_dict())
+    def ignored_tail(self) -> str:
+        return f"{'' if self.enabled or self.dtype is None else ' on CPU'}, which has no scaler"
 
-    def load_state(self, state: Any) -> None:
-        """Restore :meth:`state`, so the resumed run scales (and skips overflowing steps) exactly as before."""
-        state = scaler_state_to_load(
-            state, scaler=self.scaler is not None, expected=self.scaler is not None,
-            missing="the checkpoint has no grad scaler state (it was not saved with precision='fp16' on a GPU); "
-            "this run starts a fresh GradScaler, so its first steps may differ from a continued run.",
-            ignored=f"the checkpoint holds a grad scaler state (saved with precision='fp16' on a GPU) but this run "
-            f"uses precision={self.precision!r}{'' if self.enabled or self.dtype is None else ' on CPU'}, "
-            "which has no scaler; the state is ignored.")
-        if state is None or self.scaler is None:
-            return
+    def load_scaler(self, state: Mapping[str, Any]) -> None:
         missing = sorted({"scale", "incr_count", "decr_count"} - set(state))
         if missing:
             raise DriverError(f"load_precision_state: not a GradScaler state (missing {missing}).")

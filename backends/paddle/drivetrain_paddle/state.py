@@ -21,7 +21,6 @@ writer, :func:`tensors_from_bytes` parses them back. ``paddle.save``/``paddle.lo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,31 +30,30 @@ import safetensors
 
 from drivetrain.backend import (
     DriverError,
+    array_buffer,
+    check_file_tensor,
+    check_optimizer_state,
+    dtype_tags,
+    file_dtype_tag,
+    gradient_copies,
+    group_multipliers,
     listed_names,
     loadable_gradients,
     loadable_model_state,
+    safetensors_arrays,
+    shared_rate,
+    tensor_from,
 )
 
 # paddle dtype -> safetensors tag; numpy has no bfloat16/float8, paddle hands those over as
-# uint16/int8 arrays holding the same bits.
-_TAGS: dict[Any, str] = {
-    paddle.float64: "F64", paddle.float32: "F32", paddle.float16: "F16", paddle.bfloat16: "BF16",
-    paddle.int64: "I64", paddle.int32: "I32", paddle.int16: "I16", paddle.int8: "I8", paddle.uint8: "U8",
-    paddle.bool: "BOOL", paddle.complex64: "C64",
-    paddle.float8_e4m3fn: "F8_E4M3", paddle.float8_e5m2: "F8_E5M2",
-}
-# safetensors tag -> (numpy dtype the bytes are read as, paddle dtype to reinterpret them as, or None)
-_READ: dict[str, tuple[Any, Any]] = {
-    "F64": (np.float64, None), "F32": (np.float32, None), "F16": (np.float16, None),
-    "BF16": (np.int16, paddle.bfloat16), "I64": (np.int64, None), "I32": (np.int32, None),
-    "I16": (np.int16, None), "I8": (np.int8, None), "U8": (np.uint8, None), "BOOL": (np.bool_, None),
-    "C64": (np.complex64, None), "F8_E4M3": (np.int8, paddle.float8_e4m3fn),
-    "F8_E5M2": (np.int8, paddle.float8_e5m2),
-}
+# int16/int8 arrays holding the same bits.
+_TAGS = dtype_tags(paddle, ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+                            "bool", "complex64", "float8_e4m3fn", "float8_e5m2"))
+_DTYPES = {tag: dtype for dtype, tag in _TAGS.items()}
 _BITS_AS = {"BF16": paddle.int16, "F8_E4M3": paddle.int8, "F8_E5M2": paddle.int8}
 """Dtypes numpy lacks, reinterpreted (no copy) as an integer type of the same width for the byte view."""
-_ITEM_SIZES = {"F64": 8, "I64": 8, "C64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2,
-               "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_READ_BITS = {"BF16": np.int16, "F8_E4M3": np.int8, "F8_E5M2": np.int8}
+"""The numpy dtype those are read from a file as, before paddle reinterprets them."""
 
 
 def _shape(tensor: paddle.Tensor) -> list[int]:
@@ -64,11 +62,11 @@ def _shape(tensor: paddle.Tensor) -> list[int]:
 
 def as_tensor(value: Any, where: str) -> paddle.Tensor:
     """A paddle tensor from a paddle tensor or a numpy array (checkpoints may hold either)."""
-    if isinstance(value, paddle.Tensor):
-        return value
-    if isinstance(value, np.ndarray):
-        return paddle.to_tensor(np.ascontiguousarray(value), place=paddle.CPUPlace())
-    raise DriverError(f"{where} is a {type(value).__name__}; the paddle driver needs paddle tensors (or numpy arrays).")
+    return tensor_from(value, where, tensor_type=paddle.Tensor, from_numpy=_cpu_tensor, framework="paddle")
+
+
+def _cpu_tensor(array: np.ndarray) -> paddle.Tensor:
+    return paddle.to_tensor(array, place=paddle.CPUPlace())
 
 
 # ------------------------------------------------------------------------ model
@@ -96,15 +94,9 @@ def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
     bits first, and tagged with their real dtype.
     """
     if isinstance(tensor, np.ndarray):
-        tensor = paddle.to_tensor(np.ascontiguousarray(tensor), place=paddle.CPUPlace())
-    if not isinstance(tensor, paddle.Tensor):
-        raise DriverError(
-            f"is a {type(tensor).__name__}, not a paddle tensor; put only tensors in a tensor file "
-            "(other values belong in the checkpoint's JSON manifest)."
-        )
-    tag = _TAGS.get(tensor.dtype)
-    if tag is None:
-        raise DriverError(f"has dtype {tensor.dtype}, which safetensors cannot store.")
+        tensor = _cpu_tensor(np.ascontiguousarray(tensor))
+    check_file_tensor(tensor, paddle.Tensor, "a paddle tensor")
+    tag = file_dtype_tag(tensor.dtype, _TAGS)
     shape = tuple(int(n) for n in tensor.shape)
     tensor = tensor.detach()
     if not tensor.place.is_cpu_place():
@@ -116,41 +108,24 @@ def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
         array = np.from_dlpack(tensor)
     except (BufferError, RuntimeError, TypeError):  # a dtype or layout DLPack cannot express: copy
         array = tensor.numpy()
-    array = np.ascontiguousarray(array)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return tag, shape, memoryview(array.reshape(-1).view(np.uint8))
+    return tag, shape, array_buffer(array, tag)[2]
 
 
 def tensors_from_bytes(data: bytes) -> dict[str, paddle.Tensor]:
     """Parse safetensors bytes into CPU paddle tensors (safetensors' own parser; nothing is unpickled)."""
     out: dict[str, paddle.Tensor] = {}
-    for name, info in safetensors.deserialize(bytes(data)):
-        tag = info["dtype"]
-        if tag not in _READ:
-            raise DriverError(f"tensor {name!r} has dtype {tag}, which the paddle driver cannot load.")
-        read_as, view_as = _READ[tag]
-        shape = [int(n) for n in info["shape"]]
-        raw = info["data"]
-        if len(raw) != math.prod(shape) * _ITEM_SIZES[tag]:
-            raise DriverError(f"tensor {name!r}: {len(raw)} bytes do not fit dtype {tag} and shape {shape}.")
-        array = np.frombuffer(raw, dtype=np.dtype(read_as).newbyteorder("<")).reshape(shape)
-        tensor = paddle.to_tensor(array.astype(read_as), place=paddle.CPUPlace())  # a copy paddle owns
-        out[name] = tensor if view_as is None else tensor.view(view_as)
+    entries = safetensors.deserialize(bytes(data))
+    for name, tag, array in safetensors_arrays(entries, _DTYPES, "the paddle driver cannot load", _READ_BITS):
+        tensor = _cpu_tensor(array)  # a copy paddle owns
+        out[name] = tensor.view(_DTYPES[tag]) if tag in _BITS_AS else tensor
     return out
 
 
 # --------------------------------------------------------------------- gradients
 def gradient_state(model: paddle.nn.Layer) -> dict[str, paddle.Tensor]:
     """Copies of the existing gradients by structured parameter name, on the CPU."""
-    grads: dict[str, paddle.Tensor] = {}
-    for name, param in model.named_parameters():
-        grad = param.grad
-        if grad is None:
-            continue
-        grad = grad.detach()
-        grads[name] = grad.clone() if grad.place.is_cpu_place() else grad.cpu()
-    return grads
+    return gradient_copies(model.named_parameters(),
+                           lambda grad: grad.clone() if grad.place.is_cpu_place() else grad.cpu())
 
 
 def load_gradient_state(model: paddle.nn.Layer, grads: Mapping[str, Any]) -> None:
@@ -174,35 +149,23 @@ def _on_place_of(reference: paddle.Tensor, tensor: paddle.Tensor) -> paddle.Tens
 
 
 # --------------------------------------------------------------------- optimizers
+def _groups(optimizer: paddle.optimizer.Optimizer) -> list[Mapping[str, Any]] | None:
+    """The optimizer's param groups (dicts), or None when it was built from a plain list of parameters."""
+    groups = getattr(optimizer, "_param_groups", None)
+    return groups if groups and isinstance(groups[0], Mapping) else None
+
+
 def parameters_of(optimizer: paddle.optimizer.Optimizer) -> list[paddle.Tensor]:
     """Every parameter an optimizer updates, over all its parameter groups."""
-    groups = getattr(optimizer, "_param_groups", None)
-    if groups and isinstance(groups[0], Mapping):
+    groups = _groups(optimizer)
+    if groups:
         return [p for group in groups for p in group["params"]]
     return list(getattr(optimizer, "_parameter_list", None) or [])
 
 
 def lr_multipliers(optimizer: paddle.optimizer.Optimizer, where: str) -> list[float]:
     """Each param group's ``learning_rate``: paddle's fixed multiplier of the optimizer's one rate (1 without groups)."""
-    groups = getattr(optimizer, "_param_groups", None)
-    if not groups or not isinstance(groups[0], Mapping):
-        return [1.0]
-    multipliers = []
-    for g, group in enumerate(groups):
-        value = group.get("learning_rate", 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise DriverError(
-                f"{where}: param group {g} has learning_rate={value!r:.60}, not a number; the paddle driver reads "
-                "a param group's learning_rate as a multiplier of the optimizer's rate."
-            )
-        multipliers.append(float(value))
-    return multipliers
-
-
-def learning_rates(optimizer: paddle.optimizer.Optimizer, where: str) -> list[float]:
-    """The rate each param group steps with: the optimizer's rate times the group's multiplier."""
-    rate = float(optimizer.get_lr())
-    return [rate * m for m in lr_multipliers(optimizer, where)]
+    return group_multipliers(_groups(optimizer), where, framework="paddle")
 
 
 def rate_for(optimizer: paddle.optimizer.Optimizer, rates: list[float], where: str) -> float:
@@ -214,16 +177,7 @@ def rate_for(optimizer: paddle.optimizer.Optimizer, rates: list[float], where: s
             "Build the optimizer with a float learning_rate (e.g. learning_rate=1e-3) to use a drivetrain schedule "
             "such as WarmupSchedule, or keep the paddle scheduler and step it with LRSchedulerCallback(scheduler)."
         )
-    multipliers = lr_multipliers(optimizer, where)
-    reference = next((j for j, m in enumerate(multipliers) if m != 0.0), None)
-    rate = optimizer.get_lr() if reference is None else rates[reference] / multipliers[reference]
-    if not all(math.isclose(r, rate * m, rel_tol=1e-9, abs_tol=1e-30) for r, m in zip(rates, multipliers, strict=True)):
-        raise DriverError(
-            f"set_lrs: {where} gets rates {rates}, but paddle keeps one learning rate per optimizer and each param "
-            f"group's learning_rate is a fixed multiplier of it ({multipliers}); pass rates in those ratios, or give "
-            "the groups separate optimizers."
-        )
-    return float(rate)
+    return shared_rate(rates, lr_multipliers(optimizer, where), optimizer.get_lr(), where, framework="paddle")
 
 
 def _owners(model: paddle.nn.Layer, optimizer: paddle.optimizer.Optimizer) -> dict[str, tuple[str, paddle.Tensor]]:
@@ -281,11 +235,7 @@ def optimizer_state(model: paddle.nn.Layer, optimizer: paddle.optimizer.Optimize
 def load_optimizer_state(model: paddle.nn.Layer, optimizer: paddle.optimizer.Optimizer, state: Any,
                          where: str) -> None:
     """Put :func:`optimizer_state` back into ``optimizer`` (fresh or already stepped)."""
-    if not isinstance(state, Mapping) or "accumulators" not in state:
-        raise DriverError(
-            f"{where} is a {type(state).__name__} without 'accumulators'; it must be what the paddle driver's "
-            "optimizer_states() returned (a checkpoint of another driver cannot be loaded)."
-        )
+    check_optimizer_state(state, where, ["accumulators"], "paddle")
     params = dict(model.named_parameters())
     accumulators = state["accumulators"]
     on_cpu = set(state.get("accumulators_on_cpu", ()))

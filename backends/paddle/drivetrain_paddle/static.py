@@ -18,7 +18,6 @@ program and the parameters), which ``paddle.jit.load`` and ``paddle.inference``
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,7 +26,7 @@ from typing import Any
 import paddle
 from paddle.static import InputSpec
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, positional_parameters
 
 try:  # the class paddle.jit.to_static puts in place of forward
     from paddle.jit.dy2static.program_translator import StaticFunction
@@ -35,15 +34,6 @@ except ImportError:  # pragma: no cover - moved in another paddle release
     StaticFunction = ()  # type: ignore[assignment,misc]
 
 __all__ = ["export_inference_model"]
-
-
-def _forward_parameters(forward: Callable) -> tuple[list[str], bool, bool]:
-    """(positional parameter names, has ``*args``, has ``**kwargs``) of a bound forward."""
-    params = list(inspect.signature(forward).parameters.values())
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    var_args = any(p.kind is p.VAR_POSITIONAL for p in params)
-    var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
-    return names, var_args, var_kw
 
 
 def check_input_spec(input_spec: Any, forward: Callable, owner: str, argument: str) -> list[str]:
@@ -61,7 +51,7 @@ def check_input_spec(input_spec: Any, forward: Callable, owner: str, argument: s
                 f"{argument}[{i}] is a {type(spec).__name__}, not a paddle.static.InputSpec; e.g. "
                 "InputSpec(shape=[None, 784], dtype='float32', name='x')."
             )
-    names, var_args, _ = _forward_parameters(forward)
+    names, _, var_args, _ = positional_parameters(forward)
     signature = f"{owner}.forward({', '.join(names)}{', *args' if var_args else ''})"
     if len(input_spec) > len(names) and not var_args:
         raise DriverError(
@@ -127,8 +117,8 @@ class StaticTraining:
         self.full_graph = full_graph
         self.input_spec = None
         self.covered: list[str] | None = None
-        names, _, self.var_kw = _forward_parameters(self.forward)
-        self.forward_names = frozenset(names)
+        parameters = positional_parameters(self.forward)
+        self.var_kw, self.forward_names = parameters.var_kw, frozenset(parameters.names)
         if input_spec is not None:
             if not full_graph:
                 raise DriverError(
@@ -171,12 +161,10 @@ class StaticTraining:
         passed = keys & self.forward_names
         missing = [name for name in self.covered if name not in passed]
         extra = sorted(passed - set(self.covered))
-        if missing or extra:
-            problems = []
-            if missing:
-                problems.append(f"the batch has no {missing}")
-            if extra:
-                problems.append(f"the batch also fills {extra}, which input_spec does not cover")
+        problems = [text for found, text in ((missing, f"the batch has no {missing}"),
+                                             (extra, f"the batch also fills {extra}, which input_spec does not cover"))
+                    if found]
+        if problems:
             raise DriverError(
                 f"to_static with input_spec for {self.covered}: {' and '.join(problems)}. A static program "
                 "takes exactly the inputs it was traced with: add an InputSpec for every forward parameter the "
@@ -228,8 +216,7 @@ def export_inference_model(model_or_trainer: Any, path: str | os.PathLike, input
     converted = isinstance(static_forward, StaticFunction)
     forward = layer._original_funcs["forward"].__get__(layer) if converted else layer.forward
     check_input_spec(input_spec, forward, owner, "input_spec")
-    parent = os.path.dirname(os.path.abspath(prefix))
-    os.makedirs(parent, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     was_training = layer.training
     if converted:
         static_forward.rollback()  # trace the plain forward for this spec, not the training program

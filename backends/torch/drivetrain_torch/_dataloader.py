@@ -37,10 +37,6 @@ def _draw_seed(sampler: Any, dataloader: DataLoader) -> int:
     return int(torch.empty((), dtype=torch.int64).random_().item())
 
 
-def _worker_settings(dataloader: DataLoader) -> dict[str, Any]:
-    return {"prefetch_factor": dataloader.prefetch_factor} if dataloader.num_workers > 0 else {}  # else refused
-
-
 def _seed_generator(generator: torch.Generator | None, seed: int) -> torch.Generator:
     generator = torch.Generator() if generator is None else generator
     generator.manual_seed(seed)
@@ -50,7 +46,7 @@ def _seed_generator(generator: torch.Generator | None, seed: int) -> torch.Gener
 SAMPLING = DefaultSampling(
     loader_name="a torch DataLoader", loader_type=DataLoader, iterable_dataset=IterableDataset,
     batch_sampler_type=BatchSampler, sequential_sampler=SequentialSampler, random_sampler=RandomSampler,
-    draw_seed=_draw_seed, settings=_worker_settings, seed_generator=_seed_generator,
+    draw_seed=_draw_seed, copied_with_workers=("prefetch_factor",), seed_generator=_seed_generator,
     users_generator=lambda dataloader: dataloader.generator,
     copied=("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
             "persistent_workers", "pin_memory_device", "in_order"),

@@ -11,7 +11,14 @@ from typing import Any
 
 import torch
 
-from drivetrain.backend import DriverError, checked_cuda_index, move_nested
+from drivetrain.backend import (
+    DriverError,
+    first_tensor,
+    move_nested,
+    parse_device_arg,
+    unaccepted_device,
+    usable_cuda_index,
+)
 
 ACCEPTED = (
     "'cpu', 'cuda', 'cuda:N', 'gpu', 'gpu:N', an int N (meaning cuda:N), a torch.device, "
@@ -23,16 +30,12 @@ _TENSOR = torch.Tensor  # one global lookup on the per-batch path instead of tor
 
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device of the model's first parameter or buffer; CPU for a model without any."""
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
-    return torch.device("cpu")
+    tensor = first_tensor(model)
+    return torch.device("cpu") if tensor is None else tensor.device
 
 
 def resolve_device(device: Any, model: torch.nn.Module) -> torch.device:
     """Turn the user's ``device=`` into a checked ``torch.device`` with an explicit CUDA index."""
-    given = device
     if device is None:
         resolved = model_device(model)
         if resolved.type not in SUPPORTED_TYPES:
@@ -40,48 +43,41 @@ def resolve_device(device: Any, model: torch.nn.Module) -> torch.device:
                 f"device=None keeps the model where it is, but the model is on {resolved}; the torch "
                 f"driver supports {', '.join(SUPPORTED_TYPES)}. Pass device='cpu' or device='cuda'."
             )
-    elif isinstance(device, bool):
-        raise DriverError(f"device={given!r} is not a device; accepted: {ACCEPTED}.")
-    elif isinstance(device, int):
-        if device < 0:
-            raise DriverError(f"device={given!r}: a GPU index must be >= 0; accepted: {ACCEPTED}.")
-        resolved = torch.device("cuda", device)
-    elif isinstance(device, str):
-        text = device.strip().lower()
-        if text == "gpu" or text.startswith("gpu:"):
-            text = "cuda" + text[3:]
-        try:
-            resolved = torch.device(text)
-        except (RuntimeError, ValueError):
-            raise DriverError(
-                f"device={given!r} is not a device torch understands; accepted: {ACCEPTED}."
-            ) from None
-    elif isinstance(device, torch.device):
-        resolved = device
     else:
-        raise DriverError(
-            f"device={given!r} (a {type(given).__name__}) is not accepted; accepted: {ACCEPTED}."
-        )
+        resolved = _parse(device)
+    if resolved.type == "cuda":
+        resolved = _check_cuda(device, resolved)
+    return resolved
+
+
+def _parse(device: Any) -> torch.device:
+    parsed = parse_device_arg(device, ACCEPTED)
+    if parsed is not None:
+        return torch.device(*parsed)
+    if isinstance(device, torch.device):
+        resolved = device
+    elif isinstance(device, str):
+        try:
+            resolved = torch.device(device.strip().lower())
+        except (RuntimeError, ValueError):
+            raise DriverError(f"device={device!r} is not a device torch understands; accepted: {ACCEPTED}.") from None
+    else:
+        raise unaccepted_device(device, ACCEPTED)
     if resolved.type not in SUPPORTED_TYPES:
         raise DriverError(
-            f"device={given!r} is a {resolved.type!r} device; the torch driver supports "
+            f"device={device!r} is a {resolved.type!r} device; the torch driver supports "
             f"{', '.join(SUPPORTED_TYPES)}. Accepted: {ACCEPTED}."
         )
-    if resolved.type == "cuda":
-        resolved = _check_cuda(given, resolved)
     return resolved
 
 
 def _check_cuda(given: Any, device: torch.device) -> torch.device:
-    if not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only"
-        raise DriverError(
-            f"device={given!r} asks for a GPU but torch.cuda.is_available() is False (this torch build is "
-            f"{build} (torch {torch.__version__}), or no GPU is visible to this process); "
-            "use device='cpu', or install a CUDA build of torch on a machine with a GPU."
-        )
-    return torch.device("cuda", checked_cuda_index(given, device.index, torch.cuda.device_count(),
-                                                   torch.cuda.current_device))
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only"
+    return torch.device("cuda", usable_cuda_index(
+        given, device.index, torch.cuda,
+        f"device={given!r} asks for a GPU but torch.cuda.is_available() is False (this torch build is {build} "
+        f"(torch {torch.__version__}), or no GPU is visible to this process); use device='cpu', or install a "
+        "CUDA build of torch on a machine with a GPU."))
 
 
 def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:

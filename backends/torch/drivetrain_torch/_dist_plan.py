@@ -1,14 +1,12 @@
 """Which process layout a torch Trainer asks for: decided once, from ``device=``, ``nproc=`` and the environment.
 
-The ``launch`` of the plan, checked in this order:
-
-- ``existing``: the user called ``torch.distributed.init_process_group`` (and maybe
-  wrapped the model in DDP) before building the Trainer; that group is used as is;
-- ``env``: ``torchrun`` (or anything that sets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/
-  ``MASTER_PORT``) started this process as one of ``WORLD_SIZE > 1``;
-- ``spawned`` and ``spawn``: as in :class:`drivetrain.backend.DistPlan` (the Trainer starts the processes).
-
-Only checks and arithmetic: no process group is created here, so a wrong combination fails in the first process.
+The plan's ``launch`` is ``existing`` when the user called
+``torch.distributed.init_process_group`` (and maybe wrapped the model in DDP) before
+building the Trainer: that group is used as is. Otherwise
+:meth:`drivetrain.backend.DeviceRules.launch` decides, with torch's device calls
+(``DEVICES``); ``env`` there means that ``torchrun`` (or anything that sets ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``) started this process as one of
+``WORLD_SIZE > 1``.
 """
 
 from __future__ import annotations
@@ -22,18 +20,21 @@ from typing import Any
 import torch
 
 from drivetrain.backend import (
+    LAUNCH_OPTION_DOCS,
     SPAWN_PARENT_ENV,
+    DeviceRules,
     DriverError,
+    LauncherEnv,
     LauncherVars,
-    check_launched_layout,
     check_layout_arguments,
     check_process_count,
-    choice_option,
     env_int,
-    one_gpu_for_many,
+    env_master,
     plan_options,
-    processes_wanted,
+    process_group_backend,
     read_launcher_env,
+    refuse_late_options,
+    wrapper_options,
 )
 from drivetrain.backend import DistPlan as _CorePlan
 
@@ -46,21 +47,16 @@ DIST_KWARGS = {
     "least 60 s); also the bound on how long a process outlives a failed or stuck peer",
     "ddp_kwargs": "dict passed to torch.nn.parallel.DistributedDataParallel (e.g. find_unused_parameters=True)",
     "backend": "'gloo' or 'nccl' (default: gloo on CPU, nccl on CUDA)",
-    "even_batches": "bool (default False): True refuses a training set whose last global batch would be "
-    "padded with repeated samples (use drop_last=True or a divisible size)",
-    "spawn_output": "'inherit' (default) or 'prefix': output of the processes the Trainer starts; 'prefix' "
-    "starts each of their lines with [rank N]",
+    **LAUNCH_OPTION_DOCS,
 }
-BACKENDS = ("gloo", "nccl")
 _OPTIONS = "torch_kwargs"
 _DDP_RESERVED = ("module", "device_ids", "output_device", "process_group")
 
 _TORCHRUN_HINT = ("Start every process with torchrun (torchrun --nproc_per_node N train.py), which sets RANK, "
                   "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
-_TORCHRUN_START = "torchrun --nproc_per_node {n} train.py"
 TORCHRUN = LauncherVars(rank="RANK", world_size="WORLD_SIZE", local_rank=("LOCAL_RANK",),
-                        local_world_size="LOCAL_WORLD_SIZE", hint=_TORCHRUN_HINT, start=_TORCHRUN_START,
-                        needed_when_many=("MASTER_ADDR", "MASTER_PORT"))
+                        local_world_size="LOCAL_WORLD_SIZE", hint=_TORCHRUN_HINT,
+                        start="torchrun --nproc_per_node {n} train.py", needed_when_many=("MASTER_ADDR", "MASTER_PORT"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -74,45 +70,22 @@ class DistPlan(_CorePlan):
     ddp_kwargs: dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Env:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    master: tuple[str, int] | None
-    spawned: bool
-
-
 def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
     """The distributed layout asked for, or None for one process (the single-device driver)."""
-    listed = check_layout_arguments(nproc, device)
+    check_layout_arguments(nproc, device)
     from torch import distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return _existing_plan(model, device, nproc, options)
-    env = _read_env()
-    if env is not None and (env.world_size > 1 or env.spawned):
-        check_launched_layout(nproc, device, env, TORCHRUN)
-        return _make_plan("spawned" if env.spawned else "env", model, device, env.rank, env.world_size,
-                          env.local_rank, env.local_world_size, options, env.master)
-    wanted = processes_wanted(nproc, device)
-    if env is not None and wanted > 1:  # torchrun with a single process, but more were asked for
-        check_process_count(wanted, env.world_size, "WORLD_SIZE", start=_TORCHRUN_START)
-    if wanted == 1:
+    launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model, spawned=SPAWN_PARENT_ENV in os.environ)
+    if launch is None:
         return None
-    if listed and len(device) == 1:
-        device = device[0]
-    if listed:
-        _check_device_list(device)
-    else:
-        _check_spawn_device(device, wanted, model)
-    if not dist.is_available():
+    if launch[0] == "spawn" and not dist.is_available():
         raise DriverError(
             f"distributed training (device={device!r}, nproc={nproc!r}) needs torch.distributed, which this "
             f"torch build ({torch.__version__}) does not include; train in one process."
         )
-    return _make_plan("spawn", model, device, 0, wanted, 0, wanted, options, None)
+    return _make_plan(*launch, model, options)
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -120,20 +93,14 @@ def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, An
     from torch import distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    check_process_count(nproc, world, "the world size of the process group you initialised", start=_TORCHRUN_START)
-    for key in ("timeout", "backend"):
-        if key in options:
-            raise DriverError(
-                f"torch_kwargs[{key!r}] applies when drivetrain creates the process group, but "
-                "torch.distributed.init_process_group was already called; pass it there instead, or remove it."
-            )
-    local_rank = _env_int("LOCAL_RANK", rank)
-    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    check_process_count(nproc, world, "the world size of the process group you initialised", start=TORCHRUN.start)
+    refuse_late_options(options, ("timeout", "backend"), argument=_OPTIONS,
+                        initialised="torch.distributed.init_process_group")
+    env = LauncherEnv(rank, world, _env_int("LOCAL_RANK", rank), _env_int("LOCAL_WORLD_SIZE", world))
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     if device is None:
-        device = _default_device_of(inner)
-    plan = _make_plan("existing", inner, device, rank, world, local_rank, local_world, options, None,
-                      backend=str(dist.get_backend()))
+        device = DEVICES.default(inner)
+    plan = _make_plan("existing", device, env, inner, options, backend=str(dist.get_backend()))
     if inner is not model:
         where = model_device(inner)
         if where.type != plan.device.type or (where.type == "cuda" and where.index != plan.device.index):
@@ -144,22 +111,25 @@ def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, An
     return plan
 
 
-def _make_plan(launch: str, model: Any, device: Any, rank: int, world: int, local_rank: int, local_world: int,
-               options: Mapping[str, Any], master: tuple[str, int] | None, backend: str | None = None) -> DistPlan:
-    resolved = _device_for_rank(device, model, local_rank, local_world)
+def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],
+               backend: str | None = None) -> DistPlan:
+    master = env_master(hint=_TORCHRUN_HINT) if launch in ("env", "spawned") else None
+    resolved = DEVICES.for_rank(device, model, env.local_rank, env.local_world_size)
     if backend is None:
-        backend = choice_option(options, "backend", BACKENDS, "nccl" if resolved.type == "cuda" else "gloo",
-                                argument=_OPTIONS)
-    if backend == "nccl" and resolved.type != "cuda":
-        raise DriverError(
-            f"the process group backend is 'nccl', which needs CUDA devices, but device={device!r} puts this "
-            f"process on {resolved}; use the 'gloo' backend on CPU (the default there) or pass GPU devices."
-        )
+        backend = process_group_backend(options, argument=_OPTIONS, on_gpu=resolved.type == "cuda", device=device,
+                                        where=resolved)
     return DistPlan(
-        launch=launch, world_size=world, rank=rank, local_rank=local_rank, device=resolved, backend=backend,
-        **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=_OPTIONS), ddp_kwargs=_ddp_kwargs(options),
+        launch=launch, world_size=env.world_size, rank=env.rank, local_rank=env.local_rank, device=resolved,
+        backend=backend, **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=_OPTIONS),
+        ddp_kwargs=wrapper_options(options, "ddp_kwargs", argument=_OPTIONS, wrapper="DistributedDataParallel",
+                                   accepted=_ddp_accepted(), reserved=_DDP_RESERVED),
         master=master,
     )
+
+
+def _ddp_accepted() -> list[str]:
+    names = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    return [name for name in names if name not in ("self", *_DDP_RESERVED)]
 
 
 # ---------------------------------------------------------------------- environment
@@ -167,47 +137,19 @@ def _env_int(name: str, default: int | None = None) -> int:
     return env_int(name, default, hint=_TORCHRUN_HINT)
 
 
-def _read_env() -> _Env | None:
-    """The torchrun-style variables of this process, or None when neither RANK nor WORLD_SIZE is set."""
-    env = read_launcher_env(TORCHRUN)
-    if env is None:
-        return None
-    master = (os.environ["MASTER_ADDR"], _env_int("MASTER_PORT")) if env.world_size > 1 else None
-    return _Env(env.rank, env.world_size, env.local_rank, env.local_world_size, master,
-                SPAWN_PARENT_ENV in os.environ)
-
-
 # ---------------------------------------------------------------------------- devices
-def _default_device_of(model: Any) -> str:
-    return "cuda" if model_device(model).type == "cuda" else "cpu"
-
-
-def _device_for_rank(device: Any, model: Any, local_rank: int, local_world: int) -> torch.device:
-    """This process's device: the ``local_rank``-th listed one, or the GPU numbered ``local_rank``."""
-    if isinstance(device, (list, tuple)):
-        _check_device_list(device)
-        return _parse_listed(device[local_rank], device)
-    if device is None:
-        device = _default_device_of(model)
-    if _any_gpu(device) and torch.cuda.is_available():
-        return _cuda(local_rank, device, local_world)
-    resolved = resolve_device(device, model)  # also says why a GPU cannot be used
-    if resolved.type == "cpu":
-        return resolved
-    if local_world > 1:
-        raise one_gpu_for_many(device, local_world, TORCHRUN, spawn=False)
-    return resolved
-
-
 def _any_gpu(device: Any) -> bool:
-    """``'cuda'``, ``'gpu'`` or ``torch.device('cuda')``: a GPU without saying which one."""
+    """``'cuda'``, ``'gpu'`` or ``torch.device('cuda')`` (a GPU without saying which one), where CUDA works."""
     if isinstance(device, torch.device):
-        return device.type == "cuda" and device.index is None
-    return isinstance(device, str) and device.strip().lower() in ("cuda", "gpu")
+        unnamed = device.type == "cuda" and device.index is None
+    else:
+        unnamed = isinstance(device, str) and device.strip().lower() in ("cuda", "gpu")
+    return unnamed and torch.cuda.is_available()
 
 
-def _cuda(index: int, given: Any, processes: int) -> torch.device:
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+def _cuda(given: Any, model: Any, index: int, processes: int) -> torch.device:
+    """GPU ``index`` for "any GPU" ``given`` with ``processes`` on this machine, where it exists."""
+    count = torch.cuda.device_count()
     if index >= count:
         raise DriverError(
             f"device={given!r} with {processes} processes gives each process its own GPU, but this machine has "
@@ -217,25 +159,7 @@ def _cuda(index: int, given: Any, processes: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def _check_spawn_device(device: Any, nproc: int, model: Any) -> None:
-    """``device`` with ``nproc`` processes started by the Trainer: one CPU each, or GPUs 0..nproc-1."""
-    if device is None:
-        device = _default_device_of(model)
-    if not (_any_gpu(device) and torch.cuda.is_available()):
-        resolved = resolve_device(device, model)  # also says why a GPU cannot be used
-        if resolved.type == "cpu":
-            return
-        raise one_gpu_for_many(device, nproc, TORCHRUN, spawn=True)
-    count = torch.cuda.device_count()
-    if nproc > count:
-        raise DriverError(
-            f"nproc={nproc} with device={device!r} needs {nproc} GPUs (one per process) but this machine has "
-            f"{count} visible CUDA device(s); pass nproc={count} or less, or device='cpu' to train on CPU processes."
-        )
-
-
-def _parse_listed(item: Any, devices: Any) -> torch.device:
-    given = f"device={list(devices)!r}"
+def _parse_listed(item: Any, given: str) -> torch.device:
     if isinstance(item, bool) or not isinstance(item, (int, str, torch.device)):
         raise DriverError(
             f"{given}: {item!r} is not a device; list GPU indices ([0, 1]), 'cuda:N' strings or torch.devices."
@@ -258,22 +182,8 @@ def _parse_listed(item: Any, devices: Any) -> torch.device:
     return parsed
 
 
-def _check_device_list(devices: Any) -> None:
-    """One distinct device per process, all CPU or all existing GPUs."""
-    given = f"device={list(devices)!r}"
-    parsed = [_parse_listed(item, devices) for item in devices]
-    kinds = {d.type for d in parsed}
-    if len(kinds) > 1:
-        raise DriverError(f"{given} mixes CPU and GPUs; list only GPUs, or use device='cpu' with nproc=N.")
-    seen: set[torch.device] = set()
-    for d in parsed:
-        if d in seen:
-            hint = ("device='cpu', nproc=N starts N CPU processes" if d.type == "cpu"
-                    else "list each GPU once, e.g. [0, 1]")
-            raise DriverError(f"{given} lists {d} more than once; one process runs per listed device: {hint}.")
-        seen.add(d)
-    if "cpu" in kinds:
-        return
+def _check_listed(parsed: list[torch.device], given: str) -> None:
+    """The listed CUDA GPUs exist."""
     if not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only"
         raise DriverError(
@@ -291,21 +201,6 @@ def _check_device_list(devices: Any) -> None:
         )
 
 
-# ---------------------------------------------------------------------------- options
-def _ddp_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
-    value = options.get("ddp_kwargs") or {}
-    if not isinstance(value, Mapping):
-        raise DriverError(f"torch_kwargs['ddp_kwargs']={value!r} must be a dict of DistributedDataParallel options.")
-    accepted = [name for name in inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
-                if name not in ("self", *_DDP_RESERVED)]
-    for key in value:
-        if key in _DDP_RESERVED:
-            raise DriverError(
-                f"torch_kwargs['ddp_kwargs'][{key!r}] is set by drivetrain from device= and the process group; "
-                "remove it."
-            )
-        if key not in accepted:
-            raise DriverError(
-                f"torch_kwargs['ddp_kwargs'][{key!r}] is not a DistributedDataParallel option; accepted: {accepted}."
-            )
-    return dict(value)
+DEVICES = DeviceRules(names=TORCHRUN, model_device=model_device, resolve=resolve_device,
+                      on_gpu=lambda d: d.type == "cuda", any_gpu=_any_gpu, gpu_count=lambda: torch.cuda.device_count(),
+                      gpu_for_rank=_cuda, parse_listed=_parse_listed, check_listed=_check_listed)

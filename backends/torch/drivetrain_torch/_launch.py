@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from drivetrain.backend import Launcher, relaunch_command
+from drivetrain.backend import LOCALHOST, Launcher, local_launch_env, relaunch_command
 
 TORCHRUN = "torchrun --nproc_per_node N train.py"
 TIMEOUT_OPTION = "torch_kwargs['timeout']"
@@ -26,15 +26,13 @@ def start_children(world_size: int, timeout: float, output: str, command: list[s
     """Host the rendezvous store, start ranks 1..N-1 with torchrun's variables; return the launcher and store."""
     from torch import distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
+    store = dist.TCPStore(LOCALHOST, 0, world_size, is_master=True,
                           timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
     launcher = Launcher(world_size, timeout, output, command, timeout_option=TIMEOUT_OPTION,
                         drop_env=("TORCHELASTIC_",))
 
     def child_env(rank: int) -> dict[str, str]:
-        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": str(world_size),
-                "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "RANK": str(rank),
-                "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)}
+        return {**local_launch_env(rank, world_size, store.port), "GROUP_RANK": "0", "ROLE_RANK": str(rank)}
 
     launcher.start(store, child_env)
     return launcher, store

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from drivetrain.backend import DriverError, check_rng_state_keys, warn_device_states
+from drivetrain.backend import DriverError, check_rng_state_keys, rng_state_list, warn_device_states
 
 
 def rng_state() -> dict[str, Any]:
@@ -48,8 +48,7 @@ def _byte_tensor(value: Any, where: str) -> torch.Tensor:
 
 
 def _load_cuda_states(states: Any) -> None:
-    if not isinstance(states, (list, tuple)):
-        raise DriverError(f"load_rng_state: state['cuda'] is a {type(states).__name__}; expected a list per device.")
+    states = rng_state_list(states, "cuda")
     available = warn_device_states(len(states), torch.cuda.device_count() if torch.cuda.is_available() else 0, "CUDA")
     for index, value in enumerate(states[:available]):
         torch.cuda.set_rng_state(_byte_tensor(value, f"cuda[{index}]"), index)

@@ -16,16 +16,15 @@ single-process one:
 - a collective that fails because a peer died or stalled raises a
   :class:`DistributedError` naming that peer when it said why (see :class:`drivetrain.backend.CollectiveGuard`).
 
-The rank properties, dataloader sharding and naming the failed peer are the core's
-(:class:`drivetrain.backend.DistributedDriverMixin`, :class:`~drivetrain.backend.CollectiveGuard`).
+The rank properties, dataloader sharding, the collectives' shape and naming the failed peer
+are the core's (:class:`drivetrain.backend.DistributedDriverMixin`, :class:`~drivetrain.backend.CollectiveGuard`);
+this module supplies the framework's calls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import itertools
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,7 +40,6 @@ from drivetrain.backend import (
     DistributedDriverMixin,
     DistributedError,
     FailureBoard,
-    reducible_array,
     settle_at_exit,
 )
 
@@ -51,10 +49,6 @@ from ._launch import start_children, torch_relaunch_command
 from .driver import FRAMEWORK_KWARGS, TorchSingleDriver
 
 __all__ = ["DistributedError", "TorchDDPDriver"]
-
-_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-_ALL_FAILED_GRACE = 2.0
-_generations = itertools.count()
 
 
 class _Dispatch(torch.nn.Module):
@@ -78,6 +72,7 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
     """Drives one rank of a ``DistributedDataParallel`` run (built by ``create_driver`` from a :class:`DistPlan`)."""
 
     accepted_kwargs: Mapping[str, str] = {**FRAMEWORK_KWARGS, **DIST_KWARGS}
+    _refusal = "the process group was shut down after this process {summary}"
     sharding = DataSharding(
         reproducible=reproducible_dataloader, unrepeated=unrepeated_dataloader, describe=describe_sampling,
         option="torch_kwargs", default_loader="torch.utils.data.DataLoader(dataset, batch_size=..., shuffle=True/False)",
@@ -96,27 +91,21 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
         self._user_ddp = isinstance(model, DistributedDataParallel)
         self._ddp: DistributedDataParallel | None = model if self._user_ddp else None
         self._store: Any = None
-        limit = ("the timeout given to init_process_group" if plan.launch == "existing"
-                 else f"torch_kwargs['timeout']={plan.timeout:g} s")
+        limit = self._timeout_words("the timeout given to init_process_group")
         self._guard = CollectiveGuard(
             plan.rank, plan.world_size, errors=(dist.DistError,),
             silent_peer=lambda waited: f"another process ended or did not answer within {limit}")
-        self._collective = self._guard.collective
-        self._is_setup = False
 
     # ------------------------------------------------------------------ lifecycle
-    def setup(self) -> None:
+    def _join(self) -> None:
         """Join (or start) the process group, move the model to this rank's device, wrap it in DDP."""
-        if self._is_setup:
-            return
-        self._is_setup = True
         plan = self.plan
         if plan.device.type == "cuda":
             torch.cuda.set_device(plan.device)
         self._start_process_group()
         settle_at_exit()
         self._store = dist.distributed_c10d._get_default_store()  # held: rank 0's store outlives a shutdown
-        self._guard.board = FailureBoard(self._store, plan.rank, plan.world_size, next(_generations))
+        self._guard.board = FailureBoard(self._store, plan.rank, plan.world_size)
         module = self._bare_module()
         if self._user_ddp:
             return
@@ -147,30 +136,18 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
                 store.set(READY_KEY.format(rank=plan.rank), "1")
                 dist.init_process_group(store=dist.PrefixStore("default_pg", store), **options)
             return
-        try:
+        with self._guard.starting():  # a failure stops the children at exit rather than waits for them
             self._guard.launcher, store = start_children(plan.world_size, plan.timeout, plan.spawn_output,
                                                          self._command)
             self._guard.launcher.wait_ready()
             with self._collective(what):
                 # the prefix env:// gives its store, so this group and the children's meet in one namespace
                 dist.init_process_group(store=dist.PrefixStore("default_pg", store), **options)
-        except BaseException:
-            if self._guard.launcher is not None:
-                self._guard.launcher.note_failed()  # at exit, stop the children rather than wait for them
-            raise
 
-    def on_exception(self) -> None:
-        """Post why this process fails, then shut the process group unless every rank is failing too.
-
-        Peers blocked in a collective with this process learn the cause from the board
-        when their collective breaks (at the latest after ``timeout``). When every rank
-        fails together (an error on all of them, Ctrl-C) the group stays up so that
-        callbacks can still save a checkpoint on the way out.
-        """
-        broke = self._guard.fail(sys.exc_info()[1], grace=min(_ALL_FAILED_GRACE, self.plan.timeout),
-                                 broken="the process group was shut down after this process {summary}")
-        if not broke or self.plan.launch == "existing":
-            return  # collectives stay allowed, or the user's group: theirs to destroy
+    def _shut_down(self) -> None:
+        """Shut the process group (the user's own is theirs to destroy)."""
+        if self.plan.launch == "existing":
+            return
         with contextlib.suppress(Exception):
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
             if self.plan.backend == "nccl" and abort is not None:
@@ -235,42 +212,29 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
             raise
 
     # ---------------------------------------------------------------- collectives
-    def barrier(self) -> None:
-        with self._collective("barrier()"):
-            if self.plan.backend == "nccl":
-                dist.barrier(device_ids=[self.device.index])
-            else:
-                dist.barrier()
+    def _barrier_op(self) -> None:
+        if self.plan.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
 
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        box = [obj if self.rank == src else None]
-        with self._collective("broadcast_object()"):
-            dist.broadcast_object_list(box, src=src)
-        return box[0]
+    def _broadcast_op(self, box: list[Any], src: int) -> None:
+        dist.broadcast_object_list(box, src=src)
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    def _gather_op(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
-        with self._collective("all_gather_object()"):
-            dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj)
         return out
 
-    def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
-        """Reduce ``array`` over the ranks (on this rank's device for nccl, on the CPU for gloo)."""
-        super().all_reduce(array, op)
-        array = reducible_array(array)
+    def _reduce_op(self, array: np.ndarray, op: str) -> np.ndarray:
+        """On this rank's device for nccl, on the CPU for gloo."""
         if array.dtype == np.bool_ or array.dtype.kind == "u" and array.dtype != np.uint8:
             array = array.astype(np.int64)
         tensor = torch.from_numpy(np.array(array, copy=True, order="C"))
         if self.plan.backend == "nccl":
             tensor = tensor.to(self.device)
-        with self._collective("all_reduce()"):
-            dist.all_reduce(tensor, op=_OPS[op])
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()))
         return tensor.cpu().numpy()
-
-    # ----------------------------------------------------------------- describing
-    def describe(self) -> str:
-        return (f"torch driver (TorchDDPDriver) rank {self.rank}/{self.world_size} device={self.device} "
-                f"backend={self.plan.backend} precision={self.precision} torch={torch.__version__}")
 
 
 def _call_through_user_ddp(ddp: DistributedDataParallel, method: str, args: tuple, kwargs: dict) -> Any:

@@ -8,14 +8,13 @@ in the middle of the first epoch. The per-batch methods (``move_data_to_device``
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from drivetrain.backend import ModuleDriver, bool_option
+from drivetrain.backend import ModuleDriver
 
 from . import _rng
 from . import state as _state
@@ -53,13 +52,14 @@ class TorchSingleDriver(ModuleDriver):
     distributed_only_kwargs = _DISTRIBUTED_ONLY_KWARGS
     distributed_hint = "train distributed: device=[0, 1], nproc=N, or start the script with torchrun"
     state_ops = _state
+    rng_ops = _rng
 
     def resolve_device(self, device: Any, model: Any) -> torch.device:
         return resolve_device(device, model)
 
     def configure(self, options: dict[str, Any]) -> None:
-        self.non_blocking = bool_option(options, "non_blocking", self.device.type == "cuda", argument="torch_kwargs")
-        self.set_to_none = bool_option(options, "set_to_none", True, argument="torch_kwargs")
+        self.non_blocking = self.flag_option(options, "non_blocking", self.device.type == "cuda")
+        self.set_to_none = self.flag_option(options, "set_to_none", True)
         self._precision = Precision(self.precision, self.device, options.get("grad_scaler_kwargs"))
         self.grad_scaler = self._precision.scaler
 
@@ -71,21 +71,10 @@ class TorchSingleDriver(ModuleDriver):
             model = model._orig_mod
         return model
 
-    def no_grad(self) -> contextlib.AbstractContextManager:
-        return torch.no_grad()
-
-    def auto_cast(self) -> contextlib.AbstractContextManager:
-        return self._precision.autocast()
-
     # --------------------------------------------------------------- optimisation
-    def backward(self, loss: Any) -> None:
-        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            self.raise_bad_loss(loss)
+    def run_backward(self, loss: Any) -> None:
         try:
-            if self.grad_scaler is not None:
-                self.grad_scaler.scale(loss).backward()
-            else:
-                loss.backward()
+            super().run_backward(loss)
         except RuntimeError as exc:
             if loss.numel() != 1:
                 raise self.multi_value_error(loss) from exc
@@ -95,28 +84,6 @@ class TorchSingleDriver(ModuleDriver):
         # the parameters' AccumulateGrad nodes, which the next forward then reuses instead of
         # rebuilding them (~6k instructions per step for 2 parameters, GIL round trips included).
         self._last_loss = loss
-
-    def clip_gradients(self, params: list[Any]) -> None:
-        if self.grad_clip_type == "norm":
-            torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
-        else:
-            torch.nn.utils.clip_grad_value_(params, self.grad_clip)
-
-    def step(self) -> None:
-        scaler = self.grad_scaler
-        if scaler is None:  # the template's sequence, inlined: this runs every step
-            if self.grad_clip is not None:
-                self.clip_gradients(self.trainable_params())
-            for optimizer in self.optimizers:
-                optimizer.step()
-            return
-        if self.grad_clip is not None:
-            for optimizer in self.optimizers:
-                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            self.clip_gradients(self.trainable_params())
-        for optimizer in self.optimizers:
-            scaler.step(optimizer)
-        scaler.update()
 
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:
@@ -156,9 +123,3 @@ class TorchSingleDriver(ModuleDriver):
         torch.manual_seed(seed)  # seeds every CUDA device too (lazily if CUDA is not initialised yet)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(seed)
-
-    def rng_state(self) -> dict[str, Any]:
-        return _rng.rng_state()
-
-    def load_rng_state(self, state: Mapping[str, Any]) -> None:
-        _rng.load_rng_state(state)

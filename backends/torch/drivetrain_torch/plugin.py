@@ -7,7 +7,8 @@ The ``drivetrain`` entry-point group points here; the core calls
 
 from __future__ import annotations
 
-from drivetrain import Capabilities, DriverSpec, hookimpl
+from drivetrain import Capabilities
+from drivetrain.backend import driver_specs_hook
 
 CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16", "bf16"),
@@ -29,26 +30,9 @@ CAPABILITIES = Capabilities(
 )
 
 
-@hookimpl
-def drivetrain_driver_specs() -> list[DriverSpec]:
-    """The torch driver's description; the factory is imported only when it is chosen."""
-    return [
-        DriverSpec(
-            name="torch",
-            framework="torch",
-            factory="drivetrain_torch.factory:create_driver",
-            model_modules=("torch",),
-            capabilities=CAPABILITIES,
-            distribution="drivetrain-torch",
-            contract_versions=(1,),  # what this release implements; never CONTRACT_VERSION (that follows the core)
-            seed_function="drivetrain_torch.plugin:seed_torch",
-            testing_kit="drivetrain_torch.testing_kit:torch_kit",
-        )
-    ]
-
-
-def seed_torch(seed: int) -> None:
-    """Seed torch's CPU and CUDA generators (called by ``seed_everything`` once torch is imported)."""
-    import torch
-
-    torch.manual_seed(seed)  # also seeds every CUDA device
+# contract_versions: what this release implements; never CONTRACT_VERSION (that follows the core)
+drivetrain_driver_specs = driver_specs_hook(
+    "torch", CAPABILITIES, contract_versions=(1,), seed_function="torch:manual_seed"
+)
+"""The torch driver's description (``seed_everything`` calls ``torch.manual_seed``, which seeds every CUDA device
+too, once torch is imported)."""

@@ -21,8 +21,13 @@ import torch
 from drivetrain.backend import (
     DriverError,
     array_buffer,
+    check_file_tensor,
+    dtype_tags,
+    file_dtype_tag,
+    gradient_copies,
     loadable_gradients,
     loadable_model_state,
+    tensor_from,
 )
 from drivetrain.backend import optimizer_state_for_load as _for_load
 
@@ -47,28 +52,15 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
 
 def as_tensor(value: Any, where: str) -> torch.Tensor:
     """A torch tensor from a torch tensor or a numpy array (checkpoints may hold either)."""
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value))
-    if not isinstance(value, torch.Tensor):
-        raise DriverError(f"{where} is a {type(value).__name__}; the torch driver needs torch tensors (or numpy arrays).")
-    return value
+    return tensor_from(value, where, tensor_type=torch.Tensor, from_numpy=torch.from_numpy, framework="torch")
 
 
 def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
     return tuple(tensor.shape)
 
 
-def _safetensors_dtypes() -> dict[torch.dtype, str]:
-    """torch dtype -> safetensors tag, for the dtypes this torch version has."""
-    names = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "complex64": "C64",
-             "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-             "uint64": "U64", "uint32": "U32", "uint16": "U16", "float8_e4m3fn": "F8_E4M3",
-             "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ",
-             "float8_e8m0fnu": "F8_E8M0"}
-    return {getattr(torch, name): tag for name, tag in names.items() if hasattr(torch, name)}
-
-
-_DTYPES = _safetensors_dtypes()
+_DTYPES = dtype_tags(torch)
+"""torch dtype -> safetensors tag, for the dtypes this torch version has."""
 
 
 def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
@@ -82,18 +74,12 @@ def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
     """
     if isinstance(tensor, np.ndarray):
         return array_buffer(tensor)
-    if not isinstance(tensor, torch.Tensor):
-        raise DriverError(
-            f"is a {type(tensor).__name__}, not a torch tensor; put only tensors in a tensor file (other values "
-            "belong in the checkpoint's JSON manifest)."
-        )
+    check_file_tensor(tensor, torch.Tensor, "a torch tensor")
     if tensor.layout != torch.strided:
         raise DriverError(
             f"has layout {tensor.layout}; safetensors stores dense tensors only, convert it with .to_dense() first."
         )
-    tag = _DTYPES.get(tensor.dtype)
-    if tag is None:
-        raise DriverError(f"has dtype {tensor.dtype}, which safetensors cannot store; convert it first.")
+    tag = file_dtype_tag(tensor.dtype, _DTYPES, "safetensors cannot store; convert it first")
     shape = tuple(tensor.shape)
     cpu = tensor.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
     raw = cpu.reshape(-1).view(torch.uint8).numpy()  # the array keeps the tensor, hence its memory, alive
@@ -107,16 +93,13 @@ def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
 
 def gradient_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of the existing gradients by parameter name (CPU so a checkpoint costs no GPU memory)."""
-    grads: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
-        grad = param.grad
-        if grad is None:
-            continue
-        grad = grad.detach()
-        if grad.layout != torch.strided:
-            grad = grad.to_dense()  # safetensors has no sparse layout; loads back as a dense gradient
-        grads[name] = grad.to("cpu", copy=True)
-    return grads
+    return gradient_copies(model.named_parameters(), _host_copy)
+
+
+def _host_copy(grad: torch.Tensor) -> torch.Tensor:
+    if grad.layout != torch.strided:
+        grad = grad.to_dense()  # safetensors has no sparse layout; loads back as a dense gradient
+    return grad.to("cpu", copy=True)
 
 
 def load_gradient_state(model: torch.nn.Module, grads: Mapping[str, Any]) -> None:

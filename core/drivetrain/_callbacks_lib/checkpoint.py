@@ -8,10 +8,12 @@ name first, so the folder never holds a half checkpoint under a real name.
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import re
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from .._callbacks import Callback
@@ -34,6 +36,23 @@ STEP_DIGITS = 8
 _PERIODIC = re.compile(r"step_\d+-epoch_\d+-batch_\d+|epoch_\d+-batch_\d+-step_\d+")
 _TOPK = re.compile(r"topk-[A-Za-z0-9._+-]+-step_\d+")
 _OWNER = "CheckpointCallback"
+
+
+class _Phase(enum.Enum):
+    """Where the run stands, as far as saving goes; the events that move it are in ``CheckpointCallback``."""
+
+    IDLE = "outside Trainer.run(): a top-k evaluation is saved at once"
+    BETWEEN_EPOCHS = "training, no epoch open: due saves are written at (epoch, 0 batches)"
+    IN_EPOCH = "training inside an epoch: due saves are written at (epoch, batches done)"
+    FAILED = "training raised (not EarlyStopException): the state may be mid-batch, nothing more is due"
+
+
+@dataclass
+class _Due:
+    """Saves a completed step made due, waiting for the point where that step is complete."""
+
+    periodic: bool = False
+    best: float | None = None  # the best top-k value evaluated at this step
 
 
 class CheckpointCallback(Callback):
@@ -61,6 +80,20 @@ class CheckpointCallback(Callback):
     for it, whatever their order in ``callbacks=``, and a resumed run repeats
     nothing and skips nothing. The list of checkpoints this callback manages travels
     in its own checkpoint state, so a resumed run continues the same rotation and top-k.
+
+    Its state: the phase of the run (:class:`_Phase`), the saves that are due
+    (:class:`_Due`), and the checkpoints it keeps (``_periodic``, ``_best``). The events:
+
+    ====================  =====================================================================
+    on_train_begin        any phase -> BETWEEN_EPOCHS; nothing due
+    on_train_epoch_begin  write what is due (at the epoch's start) -> IN_EPOCH
+    on_fetch_data_begin   write what is due (after the batches done), if anything is
+    on_train_batch_end    a periodic save is due every ``every_n_batches`` batches
+    on_train_epoch_end    IN_EPOCH -> BETWEEN_EPOCHS; a periodic save is due every ``every_n_epochs``
+    on_evaluate_end       a top-k value is due (saved at once in IDLE)
+    on_exception          (not EarlyStopException) -> FAILED; write ``exception-...`` if asked
+    on_train_end          -> IDLE; unless FAILED, write what is due, then ``last``
+    ====================  =====================================================================
     """
 
     rank_zero_only = False  # every rank must call save_checkpoint (it writes on rank 0 and waits)
@@ -80,44 +113,8 @@ class CheckpointCallback(Callback):
         save_total_limit: int | None = None,
         allow_pickle: bool = False,
     ) -> None:
-        _check_folder(folder)
-        check_optional_int(_OWNER, "every_n_batches", every_n_batches, minimum=1, none_means="no batch-based saves")
-        check_optional_int(_OWNER, "every_n_epochs", every_n_epochs, minimum=1, none_means="no epoch-based saves")
-        check_optional_int(_OWNER, "save_total_limit", save_total_limit, minimum=1, none_means="keeping them all")
-        for name, value in (("save_last", save_last), ("save_on_exception", save_on_exception),
-                            ("allow_pickle", allow_pickle)):
-            check_bool(_OWNER, name, value)
-        if not isinstance(topk, int) or isinstance(topk, bool) or topk < 0:
-            raise ConfigurationError(
-                f"{_OWNER}(topk={topk!r}) is not accepted; pass an int >= 0 (0 = no top-k checkpoints)."
-            )
-        check_monitor_arg(_OWNER, monitor, larger_better)
-        if save_object not in SAVE_OBJECTS:
-            raise ConfigurationError(
-                f"{_OWNER}(save_object={save_object!r}) is not accepted; pass 'trainer' (a resumable "
-                "checkpoint) or 'model' (the model's weights only)."
-            )
-        periodic = every_n_batches is not None or every_n_epochs is not None
-        if not (periodic or save_last or save_on_exception or topk):
-            raise ConfigurationError(
-                f"{_OWNER}({os.fspath(folder)!r}) saves nothing: set every_n_batches, every_n_epochs, "
-                "save_last, save_on_exception or topk."
-            )
-        if save_total_limit is not None and not periodic:
-            raise ConfigurationError(
-                f"{_OWNER}(save_total_limit={save_total_limit!r}) limits periodic checkpoints, but neither "
-                "every_n_batches nor every_n_epochs is set; set one of them or drop save_total_limit."
-            )
-        if not topk and (monitor is not None or larger_better is not None):
-            raise ConfigurationError(
-                f"{_OWNER}: monitor/larger_better are used only for top-k checkpoints, but topk=0; "
-                "pass topk=k (k >= 1) or drop monitor/larger_better."
-            )
-        if allow_pickle and save_object == "model":
-            raise ConfigurationError(
-                f"{_OWNER}(allow_pickle=True) has no effect with save_object='model' (model files never "
-                "pickle); drop allow_pickle or use save_object='trainer'."
-            )
+        _check_options(folder, every_n_batches, every_n_epochs, save_last, save_on_exception, topk, monitor,
+                       larger_better, save_object, save_total_limit, allow_pickle)
         self.folder = os.path.abspath(os.fspath(folder))
         self.every_n_batches = every_n_batches
         self.every_n_epochs = every_n_epochs
@@ -129,16 +126,14 @@ class CheckpointCallback(Callback):
         self.save_object = save_object
         self.save_total_limit = save_total_limit
         self.allow_pickle = allow_pickle
+        self._monitor: Any = None  # the top-k monitor and direction, resolved against the trainer
+        self._larger_better = True
+        self._phase = _Phase.IDLE
+        self._due = _Due()
+        # The checkpoints kept (they travel in this callback's checkpoint state):
         self._periodic: list[str] = []  # names of periodic checkpoints, oldest first
         self._last_periodic_step: int | None = None
         self._best: list[tuple[str, float]] = []  # top-k (name, value), best first
-        self._monitor: Any = None
-        self._larger_better = True
-        self._failed = False  # training raised (other than EarlyStopException): no `last`
-        self._training = False
-        self._epoch_open = False  # between on_train_epoch_begin and on_train_epoch_end
-        self._due_periodic = False  # a periodic save waits for the step to complete
-        self._due_best: float | None = None  # a top-k value waiting likewise
 
     @property
     def callback_name(self) -> str:
@@ -152,25 +147,26 @@ class CheckpointCallback(Callback):
                 _OWNER, f"topk={self.topk}", self.monitor, self.larger_better, trainer)
 
     def on_train_begin(self, trainer: Any) -> None:
-        self._failed, self._training = False, True
-        self._due_periodic, self._due_best = False, None
+        self._phase, self._due = _Phase.BETWEEN_EPOCHS, _Due()
 
     def on_train_epoch_begin(self, trainer: Any) -> None:
-        self._flush(trainer, in_epoch=False)  # what the end of the previous epoch made due
-        self._epoch_open = True
+        self._write_due(trainer, in_epoch=False)  # what the end of the previous epoch made due
+        self._phase = _Phase.IN_EPOCH
 
     def on_fetch_data_begin(self, trainer: Any) -> None:
-        if self._due_periodic or self._due_best is not None:
-            self._flush(trainer, in_epoch=True)
+        due = self._due  # called before every batch: the usual case, nothing due, costs two checks
+        if due.periodic or due.best is not None:
+            self._write_due(trainer, in_epoch=True)
 
     def on_train_batch_end(self, trainer: Any) -> None:
         if self.every_n_batches and trainer.global_forward_batches % self.every_n_batches == 0:
-            self._due_periodic = True
+            self._due.periodic = True
 
     def on_train_epoch_end(self, trainer: Any) -> None:
-        self._epoch_open = False
+        if self._phase is _Phase.IN_EPOCH:
+            self._phase = _Phase.BETWEEN_EPOCHS
         if self.every_n_epochs and trainer.cur_epoch_idx % self.every_n_epochs == 0:
-            self._due_periodic = True
+            self._due.periodic = True
 
     def on_evaluate_end(self, trainer: Any, results: Any) -> None:
         if not self.topk:
@@ -178,15 +174,15 @@ class CheckpointCallback(Callback):
         value = trainer.monitor_value(results, self._monitor)
         if not self._qualifies(value):
             return
-        if not self._training:  # trainer.evaluate() outside run(): nothing else is coming, save now
+        if self._phase is _Phase.IDLE:  # trainer.evaluate() outside run(): nothing else is coming, save now
             self._save_best(trainer, value)
-        elif self._due_best is None or is_better(value, self._due_best, self._larger_better):
-            self._due_best = value  # two evaluations of one state (batch and epoch end): keep the better
+        elif self._due.best is None or is_better(value, self._due.best, self._larger_better):
+            self._due.best = value  # two evaluations of one state (batch and epoch end): keep the better
 
     def on_exception(self, trainer: Any, exception: BaseException) -> None:
         if isinstance(exception, EarlyStopException):
             return  # a normal end: `last` is still written
-        self._failed = True
+        self._phase = _Phase.FAILED
         if not self.save_on_exception:
             return
         name = f"exception-{step_label(trainer.global_forward_batches)}"
@@ -197,11 +193,11 @@ class CheckpointCallback(Callback):
                           f"{type(exception).__name__}: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
 
     def on_train_end(self, trainer: Any) -> None:
-        self._training = False
-        if self._failed:
-            self._due_periodic, self._due_best = False, None  # the state may be mid-batch: not resumable
+        phase, self._phase = self._phase, _Phase.IDLE
+        if phase is _Phase.FAILED:
+            self._due = _Due()  # the state may be mid-batch: not resumable
             return
-        self._flush(trainer, in_epoch=self._epoch_open)
+        self._write_due(trainer, in_epoch=phase is _Phase.IN_EPOCH)
         if self.save_last:
             self._save(trainer, LAST)
 
@@ -237,13 +233,14 @@ class CheckpointCallback(Callback):
         self._best = self._sorted([tuple(e) for e in best])
 
     # ----------------------------------------------------------------- helpers
-    def _flush(self, trainer: Any, in_epoch: bool) -> None:
+    def _write_due(self, trainer: Any, in_epoch: bool) -> None:
         """Write the saves that are due; the position is (epoch, batches done in it) as a resume sees it."""
-        if self._due_periodic:
-            self._due_periodic = False
+        due = self._due
+        if due.periodic:
+            due.periodic = False
             self._save_periodic(trainer, trainer.cur_epoch_idx, trainer.batch_idx_in_epoch if in_epoch else 0)
-        if self._due_best is not None:
-            value, self._due_best = self._due_best, None
+        if due.best is not None:
+            value, due.best = due.best, None
             if self._qualifies(value):
                 self._save_best(trainer, value)
 
@@ -321,6 +318,50 @@ class CheckpointCallback(Callback):
 def step_label(step: int) -> str:
     """``step_00000012``: zero-padded, so folder names sort in step order as plain strings (up to 10**8 - 1)."""
     return f"step_{step:0{STEP_DIGITS}d}"
+
+
+def _check_options(folder: Any, every_n_batches: Any, every_n_epochs: Any, save_last: Any, save_on_exception: Any,
+                   topk: Any, monitor: Any, larger_better: Any, save_object: Any, save_total_limit: Any,
+                   allow_pickle: Any) -> None:
+    """Every argument, alone and together, before anything is stored."""
+    _check_folder(folder)
+    check_optional_int(_OWNER, "every_n_batches", every_n_batches, minimum=1, none_means="no batch-based saves")
+    check_optional_int(_OWNER, "every_n_epochs", every_n_epochs, minimum=1, none_means="no epoch-based saves")
+    check_optional_int(_OWNER, "save_total_limit", save_total_limit, minimum=1, none_means="keeping them all")
+    for name, value in (("save_last", save_last), ("save_on_exception", save_on_exception),
+                        ("allow_pickle", allow_pickle)):
+        check_bool(_OWNER, name, value)
+    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 0:
+        raise ConfigurationError(
+            f"{_OWNER}(topk={topk!r}) is not accepted; pass an int >= 0 (0 = no top-k checkpoints)."
+        )
+    check_monitor_arg(_OWNER, monitor, larger_better)
+    if save_object not in SAVE_OBJECTS:
+        raise ConfigurationError(
+            f"{_OWNER}(save_object={save_object!r}) is not accepted; pass 'trainer' (a resumable "
+            "checkpoint) or 'model' (the model's weights only)."
+        )
+    periodic = every_n_batches is not None or every_n_epochs is not None
+    if not (periodic or save_last or save_on_exception or topk):
+        raise ConfigurationError(
+            f"{_OWNER}({os.fspath(folder)!r}) saves nothing: set every_n_batches, every_n_epochs, "
+            "save_last, save_on_exception or topk."
+        )
+    if save_total_limit is not None and not periodic:
+        raise ConfigurationError(
+            f"{_OWNER}(save_total_limit={save_total_limit!r}) limits periodic checkpoints, but neither "
+            "every_n_batches nor every_n_epochs is set; set one of them or drop save_total_limit."
+        )
+    if not topk and (monitor is not None or larger_better is not None):
+        raise ConfigurationError(
+            f"{_OWNER}: monitor/larger_better are used only for top-k checkpoints, but topk=0; "
+            "pass topk=k (k >= 1) or drop monitor/larger_better."
+        )
+    if allow_pickle and save_object == "model":
+        raise ConfigurationError(
+            f"{_OWNER}(allow_pickle=True) has no effect with save_object='model' (model files never "
+            "pickle); drop allow_pickle or use save_object='trainer'."
+        )
 
 
 def _check_folder(folder: Any) -> None:

@@ -13,7 +13,16 @@ framework; the kit imports its own when it is built.
 """
 
 from ._checks import CHECKS, GROUPS, Check, ContractViolation
-from ._kit import CLASSES, IN_FEATURES, BackendKit, classification_arrays, kit_for
+from ._kit import (
+    CLASSES,
+    IN_FEATURES,
+    BackendKit,
+    classification_arrays,
+    classifier_weights,
+    kit_for,
+    linear_classifier,
+    torch_style_kit,
+)
 from ._suite import CheckResult, ContractSuite, run_contract_checks
 
 __all__ = [
@@ -27,6 +36,9 @@ __all__ = [
     "ContractSuite",
     "ContractViolation",
     "classification_arrays",
+    "classifier_weights",
     "kit_for",
+    "linear_classifier",
     "run_contract_checks",
+    "torch_style_kit",
 ]

@@ -31,6 +31,41 @@ def classification_arrays(n: int = 60, seed: int = 0) -> tuple[np.ndarray, np.nd
     return x, target.astype(np.int64)
 
 
+def classifier_weights() -> tuple[np.ndarray, np.ndarray]:
+    """The kit classifier's fixed initial weight (float32 ``[CLASSES, IN_FEATURES]``) and bias (zeros)."""
+    weight = np.random.default_rng(0).standard_normal((CLASSES, IN_FEATURES)).astype(np.float32) * 0.3
+    return weight, np.zeros(CLASSES, np.float32)
+
+
+def linear_classifier(base: type, linear: Callable[[int, int], Any], cross_entropy: Callable[[Any, Any], Any],
+                      assign: Callable[[Any, np.ndarray], Any], *, forward: str = "forward",
+                      weight_in_out: bool = False) -> type:
+    """A ``make_model`` for :class:`BackendKit`: a subclass of the framework's module class ``base``.
+
+    Its one layer ``linear(IN_FEATURES, CLASSES)`` gets :func:`classifier_weights`, each
+    written by ``assign(parameter, array)`` (``weight_in_out``: the framework stores the
+    weight ``[in, out]``, so it is transposed first); its method ``forward`` (``"execute"``
+    in jittor) takes ``(x, target)`` and returns ``{"loss": cross_entropy(pred, target), "pred": pred}``.
+    """
+
+    class Classifier(base):  # type: ignore[misc]  # the framework's module class
+        """One linear layer with fixed initial weights, returning the loss and the logits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = linear(IN_FEATURES, CLASSES)
+            weight, bias = classifier_weights()
+            assign(self.linear.weight, np.ascontiguousarray(weight.T) if weight_in_out else weight)
+            assign(self.linear.bias, bias)
+
+        def run(self, x: Any, target: Any) -> dict[str, Any]:
+            pred = self.linear(x)
+            return {"loss": cross_entropy(pred, target), "pred": pred}
+
+    setattr(Classifier, forward, Classifier.run)
+    return Classifier
+
+
 @dataclass
 class BackendKit:
     """The three small factories a backend author writes to run the conformance suite.
@@ -61,6 +96,25 @@ class BackendKit:
         x, y = classification_arrays(n, seed)
         return [{"x": self.to_tensor(x[i:i + batch_size]), "target": self.to_tensor(y[i:i + batch_size])}
                 for i in range(0, n, batch_size)]
+
+
+def torch_style_kit(driver: str, framework: Any, to_tensor: Callable[[np.ndarray], Any],
+                    random: Callable[[], float]) -> BackendKit:
+    """The kit of a framework with torch's API, ``framework`` being its module (torch itself, oneflow, ...).
+
+    It uses ``framework.nn.Module``, ``nn.Linear``, ``nn.functional.cross_entropy``,
+    ``optim.SGD(parameters, lr=lr)`` and ``parameter.data.copy_(tensor)``; ``to_tensor``
+    and ``random`` are :class:`BackendKit`'s.
+    """
+    nn = framework.nn
+    return BackendKit(
+        driver=driver,
+        make_model=linear_classifier(nn.Module, nn.Linear, nn.functional.cross_entropy,
+                                     lambda param, array: param.data.copy_(to_tensor(array))),
+        make_optimizer=lambda model, lr: framework.optim.SGD(model.parameters(), lr=lr),
+        to_tensor=to_tensor,
+        random=random,
+    )
 
 
 def kit_for(backend: str) -> BackendKit:

@@ -168,7 +168,7 @@ def test_under_pytest_the_trainer_cannot_start_processes_and_says_so() -> None:
 @pytest.mark.parametrize(("options", "fragment"), [
     ({"nproc": 0}, "nproc=0 is not accepted"),
     ({"device": []}, r"device=\[\] is empty"),
-    ({"device": ["cpu", "cpu"]}, "pass device='cpu', nproc=N"),
+    ({"device": ["cpu", "cpu"]}, "pass device='cpu', nproc=2"),
     ({"device": "cpu", "nproc": 2, "framework_kwargs": {"timeout": -1}}, r"oneflow_kwargs\['timeout'\]=-1"),
     ({"device": "cpu", "nproc": 2, "framework_kwargs": {"ddp_kwargs": {"find_unused_parameters": True}}},
      "broadcast_parameters is always on"),

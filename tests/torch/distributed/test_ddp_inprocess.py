@@ -99,7 +99,7 @@ def test_a_script_is_run_again_with_the_same_interpreter_options() -> None:
     ("device", "gpus", "fragment"),
     [
         ([0, 0], 2, r"lists cuda:0 more than once"),
-        (["cpu", "cpu"], 0, r"more than once.*device='cpu', nproc=N"),
+        (["cpu", "cpu"], 0, r"lists the CPU 2 times.*device='cpu', nproc=2"),
         ([0, 5], 2, r"GPU\(s\) \[5\] do not exist; this process sees 2 CUDA device\(s\)"),
         ([0, 1], 0, r"asks for CUDA GPUs but torch.cuda.is_available\(\) is False"),
         (["cpu", 0], 1, "mixes CPU and GPUs"),
@@ -164,7 +164,7 @@ def test_a_broken_launcher_environment_is_named(monkeypatch, env, fragment) -> N
         ({"timeout": -1}, r"torch_kwargs\['timeout'\]=-1 is not accepted"),
         ({"timeout": "60"}, r"torch_kwargs\['timeout'\]='60'"),
         ({"backend": "mpi"}, r"torch_kwargs\['backend'\]='mpi' is not accepted; use one of \['gloo', 'nccl'\]"),
-        ({"backend": "nccl"}, "'nccl', which needs CUDA devices"),
+        ({"backend": "nccl"}, "'nccl', which needs GPUs"),
         ({"ddp_kwargs": {"device_ids": [0]}}, r"\['device_ids'\] is set by drivetrain"),
         ({"ddp_kwargs": {"bucket_mb": 4}}, r"\['bucket_mb'\] is not a DistributedDataParallel option; accepted: .*bucket_cap_mb"),
         ({"ddp_kwargs": [1]}, "must be a dict"),

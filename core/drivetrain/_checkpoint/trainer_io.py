@@ -1,0 +1,110 @@
+"""Saving and loading a Trainer: the order in which its states are gathered, written, checked and applied.
+
+``Trainer.save_checkpoint`` / ``load_checkpoint`` / ``save_model`` / ``load_model`` are thin
+wrappers around these functions. The format itself (what each file holds) is in
+:mod:`.training`; the folder on disk (atomic writes, manifest, checksums) in :mod:`.folder`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from .folder import CheckpointError, read_checkpoint, write_checkpoint
+from .training import (
+    MODEL_FILE,
+    build_checkpoint,
+    build_model_checkpoint,
+    check_model_fits,
+    decode_checkpoint,
+    process_state,
+    restore_process_state,
+)
+
+if TYPE_CHECKING:
+    from .._trainer import Trainer
+
+
+def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool) -> str:
+    """Write a resumable checkpoint of ``trainer`` as ``folder``; every rank calls it, rank 0 writes."""
+    driver = trainer.driver
+    path = os.path.abspath(os.fspath(folder))
+    trainer.fire("on_save_checkpoint")
+    callback_states = trainer.callback_manager.states(trainer)
+    mine = process_state(driver)
+    processes = driver.all_gather_object(mine) if driver.is_distributed() else [mine]
+    if driver.is_global_zero:
+        sampler = trainer._sampler
+        files, manifest = build_checkpoint(
+            driver, trainer._position(), callback_states=callback_states,
+            sampler_state=None if sampler is None else sampler.state_dict(),
+            process_states=processes, allow_pickle=allow_pickle, extra=_loop_settings(trainer),
+        )
+        write_checkpoint(path, files, manifest)
+    driver.barrier()
+    return path
+
+
+def _loop_settings(trainer: Trainer) -> dict[str, Any]:
+    """What the manifest records about the run beside its position (for people reading it)."""
+    return {"at_batch_boundary": not trainer._mid_batch, "n_epochs": trainer.n_epochs, "n_batches": trainer.n_batches,
+            "accumulation_steps": trainer.accumulation_steps, "world_size": trainer.driver.world_size}
+
+
+def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: bool, allow_pickle: bool) -> None:
+    """Read, verify and parse the checkpoint ``folder`` completely, then apply it to ``trainer``.
+
+    Nothing is applied before everything has been checked, so a damaged or mismatched
+    checkpoint leaves the trainer as it was.
+    """
+    driver = trainer.driver
+    loaded = read_checkpoint(os.fspath(folder))
+    decoded = decode_checkpoint(loaded, driver, allow_pickle)
+    state = decoded.state
+    if loaded.manifest.get("kind") != "trainer":
+        raise CheckpointError(f"{loaded.folder} holds only a model; use load_model() for it.")
+    check_model_fits(driver, decoded.model, loaded.folder)
+    if len(state["optimizers"]) != len(driver.optimizers):
+        raise CheckpointError(
+            f"{loaded.folder} holds {len(state['optimizers'])} optimizer state(s) but the trainer has "
+            f"{len(driver.optimizers)} optimizer(s); pass the same optimizers as the run that saved it. "
+            "Nothing was loaded."
+        )
+    # -- everything is checked: apply, weights first
+    driver.load_model_state(decoded.model)
+    driver.load_optimizer_states(state["optimizers"])
+    if not resume_training:
+        trainer.fire("on_load_checkpoint", state["callbacks"])
+        return
+    driver.load_precision_state(state["precision"])
+    trainer.callback_manager.load_states(trainer, {**state["callbacks"], **decoded.pickled})
+    trainer._resume_at(state["position"])
+    if trainer._sampler is not None and state["sampler"] is not None:
+        trainer._sampler.load_state_dict(state["sampler"])
+    trainer.fire("on_load_checkpoint", state["callbacks"])
+    restore_process_state(driver, state)  # last, so nothing done while loading shifts the restored RNGs
+
+
+def save_model(trainer: Trainer, folder: str | os.PathLike) -> str:
+    """Write the model's weights as the folder ``folder``; returns the weights file's path."""
+    path = os.path.abspath(os.fspath(folder))
+    if trainer.driver.is_global_zero:
+        files, manifest = build_model_checkpoint(trainer.driver)
+        write_checkpoint(path, files, manifest)
+    trainer.fire("on_save_model")
+    trainer.driver.barrier()
+    return os.path.join(path, MODEL_FILE)
+
+
+def load_model(trainer: Trainer, folder: str | os.PathLike) -> None:
+    """Load weights from a folder (checksums verified first) or from a bare ``.safetensors`` file."""
+    driver = trainer.driver
+    path = os.fspath(folder)
+    if os.path.isfile(path):
+        tensors = driver.load_tensors(path)
+    else:
+        loaded = read_checkpoint(path)
+        tensors = decode_checkpoint(loaded, driver, allow_pickle=False, model_only=True).model
+    check_model_fits(driver, tensors, path)
+    driver.load_model_state(tensors)
+    trainer.fire("on_load_model")
