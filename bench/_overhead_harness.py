@@ -22,6 +22,7 @@ import os
 import platform
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,15 +125,24 @@ def hand_loop(fw: Framework, model: Any, optimizer: Any, batches: list[dict], me
     return meter.stop(len(batches))
 
 
+RECORD_EVERY = [1]  # set by --records-every
+
+
 def trainer_loop(fw: Framework, model: Any, optimizer: Any, batches: list[dict], meter: Meter,
-                 progress_bar: Any = None) -> dict[str, float]:
-    """The same training through ``Trainer.run()``; building the Trainer is not measured."""
-    trainer = Trainer(model, batches, optimizer, driver=fw.driver, device="cpu", n_epochs=1,
-                      progress_bar=progress_bar, **fw.trainer_kwargs)
-    with contextlib.redirect_stdout(io.StringIO()):
-        meter.start()
-        trainer.run(num_eval_sanity_batch=0)
-        result = meter.stop(len(batches))
+                 progress_bar: Any = None, records: bool = False) -> dict[str, float]:
+    """The same training through ``Trainer.run()``; building the Trainer is not measured.
+
+    ``records``: a CSV and a TensorBoard logger record every ``--records-every`` steps (default 1).
+    """
+    with tempfile.TemporaryDirectory() as run_dir:
+        extra = {"loggers": ["csv", "tensorboard"], "log_every_n_steps": RECORD_EVERY[0], "run_dir": run_dir,
+                 "log_level": "warning"} if records else {}
+        trainer = Trainer(model, batches, optimizer, driver=fw.driver, device="cpu", n_epochs=1,
+                          progress_bar=progress_bar, **fw.trainer_kwargs, **extra)
+        with contextlib.redirect_stdout(io.StringIO()):
+            meter.start()
+            trainer.run(num_eval_sanity_batch=0)
+            result = meter.stop(len(batches))
     if trainer.global_forward_batches != len(batches):
         raise SystemExit(f"the Trainer ran {trainer.global_forward_batches} of {len(batches)} steps")
     return result
@@ -142,7 +152,9 @@ SIDES: dict[str, tuple[Callable[..., dict[str, float]], dict[str, Any]]] = {
     "hand": (hand_loop, {}),
     "trainer": (trainer_loop, {}),
     "trainer_raw_progress": (trainer_loop, {"progress_bar": "raw"}),
+    "trainer_records": (trainer_loop, {"records": True}),
 }
+SIDE_TITLES = {"trainer": "trainer", "trainer_raw_progress": "raw bar", "trainer_records": "csv+tb"}
 
 
 # ---------------------------------------------------------------------- running
@@ -173,7 +185,7 @@ def summarise(per_round: dict[str, list[float]]) -> dict[str, Any]:
 
 
 def run_workload(fw: Framework, name: str, steps: int, rounds: int, with_progress: bool,
-                 meter: Meter) -> dict[str, Any]:
+                 meter: Meter, with_records: bool = False) -> dict[str, Any]:
     spec = fw.workloads[name]
     initial = spec.make_model()
     batches = spec.make_batches(steps)
@@ -184,7 +196,10 @@ def run_workload(fw: Framework, name: str, steps: int, rounds: int, with_progres
     _, trainer_model = measure(fw, "trainer", initial, batches[:50], warm)
     if not fw.same_weights(hand_model, trainer_model):
         raise SystemExit(f"{name}: the hand loop and the Trainer ended with different weights; fix the benchmark.")
-    sides = [s for s in SIDES if with_progress or s != "trainer_raw_progress"]
+    if with_records:  # imports the loggers' libraries outside the measured runs
+        measure(fw, "trainer_records", initial, batches[:50], warm)
+    sides = [s for s in SIDES if (with_progress or s != "trainer_raw_progress")
+             and (with_records or s != "trainer_records")]
     per_round: dict[str, dict[str, list[float]]] = {m: {s: [] for s in sides} for m in meter.metrics}
     for r in range(rounds):
         # Interleaved rounds; the order flips every round so drift does not favour one side.
@@ -200,8 +215,9 @@ def print_table(results: list[dict[str, Any]], meter: Meter) -> None:
     unit = meter.unit
     digits = 0 if unit == "instr/step" else 1
     width = 11 if unit == "instr/step" else 8
-    print(f"{'':<28} {'':<12}  {'hand':>{width}}  {'trainer':>{width}} {'ratio':>6} {'overhead':>{width}}"
-          f"  {'raw bar':>{width}} {'ratio':>6} {'overhead':>{width}}")
+    shown = [side for side in SIDE_TITLES if side in results[0][meter.metrics[0]]["median"]]
+    print(f"{'':<28} {'':<12}  {'hand':>{width}}" + "".join(
+        f"  {SIDE_TITLES[side]:>{width}} {'ratio':>6} {'overhead':>{width}}" for side in shown))
     for res in results:
         for n, metric in enumerate(meter.metrics):
             summary = res[metric]
@@ -234,6 +250,10 @@ def main(fw: Framework, doc: str, argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=9, help="measured rounds per side (default 9)")
     parser.add_argument("--workload", choices=[*fw.workloads, "all"], default="all")
     parser.add_argument("--no-progress", action="store_true", help="skip the progress_bar='raw' runs")
+    parser.add_argument("--records", action="store_true", help="also time a run recording every step with the "
+                        "csv and tensorboard loggers (needs tensorboardX)")
+    parser.add_argument("--records-every", type=int, default=1, metavar="N",
+                        help="with --records: log_every_n_steps (default 1, every step)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' = stdout)")
     parser.add_argument("--callgrind", metavar="OUT", help="count instructions instead of timing; run as "
                         "valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=OUT python "
@@ -242,10 +262,12 @@ def main(fw: Framework, doc: str, argv: list[str] | None = None) -> int:
     if args.steps < 50 or args.rounds < 1:
         parser.error("--steps must be >= 50 and --rounds >= 1")
     meter: Meter = CallgrindMeter(args.callgrind) if args.callgrind else TimeMeter()
+    RECORD_EVERY[0] = args.records_every
     names = list(fw.workloads) if args.workload == "all" else [args.workload]
     print(f"{fw.name} {fw.version}, python {platform.python_version()}, {os.cpu_count()} CPUs, "
           f"{fw.setup_line}{args.steps} steps x {args.rounds} rounds")
-    results = [run_workload(fw, name, args.steps, args.rounds, not args.no_progress, meter) for name in names]
+    results = [run_workload(fw, name, args.steps, args.rounds, not args.no_progress, meter, args.records)
+               for name in names]
     print_table(results, meter)
     if args.json:
         payload = {fw.name: fw.version, "python": platform.python_version(), "cpus": os.cpu_count(),

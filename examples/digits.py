@@ -1,6 +1,7 @@
 """Train a small MLP on scikit-learn's digits (ships offline) and print the dev accuracy.
 
-    python examples/digits.py                  # torch on CPU, ~10 s
+    python examples/digits.py                  # torch on CPU, ~10 s; the run record goes to runs/digits-torch
+    drivetrain plot runs/digits-torch          # its curves (pip install matplotlib)
     python examples/digits.py --precision bf16
     python examples/digits.py --driver paddle  # paddle on CPU (pip install "drivetrain[paddle]" paddlepaddle)
     python examples/digits.py --driver jittor  # jittor on CPU (pip install "drivetrain[jittor]"; 1st run compiles)
@@ -28,7 +29,7 @@ def load_data(seed: int = 0) -> tuple[dict, dict]:
     return {"x": x_tr, "target": y_tr}, {"x": x_dev, "target": y_dev}
 
 
-def run_torch(epochs: int, precision: str, progress_bar: str | None) -> float:
+def run_torch(epochs: int, precision: str, progress_bar: str | None, records: dict) -> float:
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
@@ -72,6 +73,7 @@ def run_torch(epochs: int, precision: str, progress_bar: str | None) -> float:
         monitor="acc",
         precision=precision,
         progress_bar=progress_bar,
+        **records,
     )
     results = {}
     trainer.add_callback_fn(__import__("drivetrain").Event.on_evaluate_end(), lambda t, r: results.update(r))
@@ -79,7 +81,7 @@ def run_torch(epochs: int, precision: str, progress_bar: str | None) -> float:
     return results["acc#acc#dev"]
 
 
-def run_paddle(epochs: int, precision: str, progress_bar: str | None) -> float:
+def run_paddle(epochs: int, precision: str, progress_bar: str | None, records: dict) -> float:
     import warnings
 
     os.environ.setdefault("GLOG_minloglevel", "2")  # paddle's C++ INFO lines
@@ -128,6 +130,7 @@ def run_paddle(epochs: int, precision: str, progress_bar: str | None) -> float:
         monitor="acc",
         precision=precision,  # fp16/bf16 on CPU: a warning, then fp32 (paddle has no CPU kernels for them)
         progress_bar=progress_bar,
+        **records,
     )
     results = {}
     trainer.add_callback_fn(Event.on_evaluate_end(), lambda t, r: results.update(r))
@@ -135,7 +138,7 @@ def run_paddle(epochs: int, precision: str, progress_bar: str | None) -> float:
     return results["acc#acc#dev"]
 
 
-def run_jittor(epochs: int, precision: str, progress_bar: str | None) -> float:
+def run_jittor(epochs: int, precision: str, progress_bar: str | None, records: dict) -> float:
     from drivetrain_jittor import import_jittor
 
     jt = import_jittor()  # sets jittor's import environment; says so if jittor compiles (first use: minutes)
@@ -177,6 +180,7 @@ def run_jittor(epochs: int, precision: str, progress_bar: str | None) -> float:
         precision=precision,  # fp16 is jittor's global AMP flag: opt in with jittor_kwargs (below)
         jittor_kwargs={"amp_level": 4} if precision == "fp16" else None,
         progress_bar=progress_bar,
+        **records,
     )
     results = {}
     trainer.add_callback_fn(Event.on_evaluate_end(), lambda t, r: results.update(r))
@@ -184,7 +188,7 @@ def run_jittor(epochs: int, precision: str, progress_bar: str | None) -> float:
     return results["acc#acc#dev"]
 
 
-def run_oneflow(epochs: int, precision: str, progress_bar: str | None) -> float:
+def run_oneflow(epochs: int, precision: str, progress_bar: str | None, records: dict) -> float:
     os.environ.setdefault("GLOG_minloglevel", "2")  # oneflow's C++ INFO lines
     import oneflow as flow
     from oneflow import nn
@@ -229,6 +233,7 @@ def run_oneflow(epochs: int, precision: str, progress_bar: str | None) -> float:
         monitor="acc",
         precision=precision,  # fp16/bf16 on CPU: a warning, then fp32 (oneflow autocasts on CUDA only)
         progress_bar=progress_bar,
+        **records,
     )
     results = {}
     trainer.add_callback_fn(Event.on_evaluate_end(), lambda t, r: results.update(r))
@@ -245,8 +250,12 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--progress-bar", default="auto")
+    parser.add_argument("--run-dir", help="where the run record goes (default: runs/digits-<driver>)")
+    parser.add_argument("--no-record", action="store_true", help="write no run record")
     args = parser.parse_args(argv)
-    acc = RUNNERS[args.driver](args.epochs, args.precision, args.progress_bar)
+    records = {} if args.no_record else {
+        "loggers": ["csv", "jsonl"], "log_every_n_steps": 10, "run_dir": args.run_dir or f"runs/digits-{args.driver}"}
+    acc = RUNNERS[args.driver](args.epochs, args.precision, args.progress_bar, records)
     print(f"dev accuracy: {acc:.4f}")
     return acc
 

@@ -4,6 +4,7 @@
 ``drivetrain backends`` lists the installed backends, their contract compatibility and the
 plugins that were refused; ``drivetrain backends --check NAME`` runs the conformance checks
 of ``drivetrain.testing`` on one installed backend and prints a pass/fail table per group.
+``drivetrain plot RUN_DIR ... [-o curves.png]`` draws the curves of one or several run records.
 """
 
 from __future__ import annotations
@@ -94,10 +95,29 @@ def main(argv: list[str] | None = None) -> int:
     backends = sub.add_parser("backends", help="list installed backends, their versions, capabilities and "
                               "refused plugins; --check NAME runs the conformance checks on one")
     backends.add_argument("--check", metavar="NAME", help="run drivetrain.testing's contract checks on backend NAME")
+    plot = sub.add_parser("plot", help="draw loss, learning rate and evaluation metrics of run records "
+                          "(several folders: overlaid)")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a folder holding metrics.jsonl or metrics.csv")
+    plot.add_argument("-o", "--output", default="curves.png", help="the image to write (default: curves.png)")
     args = parser.parse_args(argv)
     if args.command == "backends":
         return _check(args.check, sys.stdout) if args.check else _backends(sys.stdout)
+    if args.command == "plot":
+        return _plot(args.run_dirs, args.output, sys.stdout)
     return 2
+
+
+def _plot(run_dirs: list[str], output: str, out: TextIO) -> int:
+    from ._errors import ConfigurationError
+    from ._records.plot import plot_runs
+
+    try:
+        path = plot_runs(run_dirs, output)
+    except ConfigurationError as exc:
+        print(f"drivetrain plot: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}", file=out)
+    return 0
 
 
 if __name__ == "__main__":

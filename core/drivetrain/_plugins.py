@@ -138,6 +138,14 @@ class DrivetrainHookspecs:
         """Return the :class:`DriverSpec` of every driver this plugin provides. Must not import a framework."""
         raise NotImplementedError  # a specification: pluggy calls the plugins' implementations, never this
 
+    @hookspec
+    def drivetrain_loggers(self) -> dict[str, str]:
+        """Return the run-record loggers this plugin provides: ``{"name": "package.module:LoggerClass"}``.
+
+        The name is what users write in ``Trainer(loggers=["name"])``; the class is imported only then.
+        """
+        raise NotImplementedError
+
 
 @dataclass
 class Registry:

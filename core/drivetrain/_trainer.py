@@ -24,6 +24,8 @@ from ._driver import Driver
 from ._errors import ConfigurationError, EarlyStopException
 from ._evaluator import Evaluator
 from ._events import Event
+from ._log import check_log_level
+from ._log import configure as configure_logging
 from ._monitor import find_monitor_value
 from ._options import (
     build_driver,
@@ -36,9 +38,11 @@ from ._options import (
 from ._outputs import named_outputs, require_loss
 from ._param_matching import make_batch_namer, make_mapping_fn
 from ._progress import choose_progress
+from ._records.recorder import HistoryRecorder, RunRecorder
 from ._sampler import find_reproducible_sampler
 from ._trainer_options import (
     Mappings,
+    Records,
     check_driver_instance,
     check_evaluation,
     check_loop_arguments,
@@ -84,7 +88,8 @@ class Trainer:
         train_input_mapping: Any = None, train_output_mapping: Any = None, evaluate_input_mapping: Any = None,
         evaluate_output_mapping: Any = None, check_dataloader_legality: bool = True,
         reproducible_sampler: bool = True, use_dist_sampler: bool = True, evaluate_use_dist_sampler: bool | None = None,
-        **kwargs: Any,
+        loggers: Any = None, log_every_n_steps: int | None = None, run_dir: str | os.PathLike | None = None,
+        log_level: str | int | None = None, **kwargs: Any,
     ) -> None:
         # -- 1. every argument is checked before anything is built
         check_loop_arguments(train_dataloader=train_dataloader, n_epochs=n_epochs, n_batches=n_batches,
@@ -97,6 +102,8 @@ class Trainer:
         self.mappings = Mappings.resolve(input_mapping, output_mapping, train_input_mapping, train_output_mapping,
                                          evaluate_input_mapping, evaluate_output_mapping)
         callback_list = normalise_callbacks(callbacks)
+        records = Records.resolve(loggers, log_every_n_steps, run_dir)
+        level = check_log_level(log_level)
         progress = choose_progress(progress_bar)
         self.precision = resolve_precision(fp16, precision)
         if isinstance(driver, Driver):
@@ -113,6 +120,7 @@ class Trainer:
             driver, model, device, precision=self.precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
             model_wo_auto_param_call=model_wo_auto_param_call, backend_kwargs=backend_kwargs,
             **({} if nproc is None else {"nproc": nproc}))
+        configure_logging(level, is_global_zero=self.driver.is_global_zero)
         self._setup_driver(optimizers, needs_optimizers=batch_step_fn is None)
         self._setup_data(train_dataloader, check_dataloader_legality, use_dist_sampler, reproducible_sampler,
                          overfit_batches)
@@ -125,7 +133,8 @@ class Trainer:
                 input_mapping=self.mappings.evaluate_input, output_mapping=self.mappings.evaluate_output,
                 use_dist_sampler=use_dist_sampler if evaluate_use_dist_sampler is None else evaluate_use_dist_sampler,
                 _argument_names=self.mappings.evaluate_names)
-        self._setup_callbacks(callback_list, progress, marker)
+        self._setup_callbacks(callback_list, progress, marker, self._recorder(records, n_epochs, n_batches,
+                                                                                accumulation_steps, grad_clip))
 
         # -- 3. the step function and the loop's position
         self._setup_step(batch_step_fn, train_fn)
@@ -157,12 +166,34 @@ class Trainer:
         if overfit_batches != 0:
             self.dataloader = OverfitLoader(self.dataloader, overfit_batches)
 
-    def _setup_callbacks(self, callbacks: list[Callback], progress: Callback | None, marker: str | None) -> None:
+    def _recorder(self, records: Records, n_epochs: int, n_batches: int, accumulation_steps: int,
+                  grad_clip: float | None) -> HistoryRecorder:
+        """The callback keeping ``history`` and, with loggers or ``log_every_n_steps``, feeding the run record."""
+        if records.every is None:
+            return HistoryRecorder()
+        hparams = {"n_epochs": n_epochs, "n_batches": n_batches, "accumulation_steps": accumulation_steps,
+                   "precision": self.precision, "grad_clip": grad_clip, "log_every_n_steps": records.every,
+                   "optimizers": [type(optimizer).__name__ for optimizer in self.driver.optimizers]}
+        return RunRecorder(records.loggers, records.every, records.run_dir, hparams)
+
+    @property
+    def history(self) -> dict[str, list[dict[str, Any]]]:
+        """The run's scalars as plain data: ``{"train": [{"step": ..., "train/loss": ...}, ...], "evaluate": [...]}``.
+
+        Evaluation results are always kept; training scalars when ``loggers`` or
+        ``log_every_n_steps`` were given (one row per logged window).
+        """
+        return self._history_recorder.history
+
+    def _setup_callbacks(self, callbacks: list[Callback], progress: Callback | None, marker: str | None,
+                         recorder: HistoryRecorder) -> None:
         self.callback_manager = CallbackManager(is_global_zero=self.driver.is_global_zero)
+        self._history_recorder = recorder
         for cb in callbacks:
             self.callback_manager.add_callback(cb)
         if progress is not None:
             self.callback_manager.add_callback(progress)
+        self.callback_manager.add_callback(recorder)  # a save waits for every callback of its step
         for event, fn in self._take_registered_fns(marker):
             self.callback_manager.add_fn(event, fn, where="Trainer.on")
         self._handlers = self.callback_manager.handlers

@@ -8,6 +8,7 @@ every wrong argument fails here, by name, before a driver or dataloader exists.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,3 +118,29 @@ def _check_evaluate_every(evaluate_every: Any) -> None:
         "(every -n epochs) or a function(trainer) -> bool called after each batch."
     )
 
+
+
+@dataclass(frozen=True)
+class Records:
+    """What the run records: the loggers, the window length in batches, and the run folder."""
+
+    loggers: list[Any]
+    every: int | None
+    run_dir: str | None
+
+    @classmethod
+    def resolve(cls, loggers: Any, log_every_n_steps: Any, run_dir: Any) -> Records:
+        """``log_every_n_steps`` defaults to 50 when loggers are given; without both, only evaluations are kept."""
+        from ._records.recorder import DEFAULT_EVERY
+        from ._records.registry import make_loggers
+
+        if log_every_n_steps is not None:
+            check_int(log_every_n_steps, "log_every_n_steps", minimum=1)
+        if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+            raise ConfigurationError(
+                f"run_dir={run_dir!r} is not accepted; pass the folder string-named loggers write to (str or "
+                "os.PathLike), or None for runs/<date>-<time>."
+            )
+        made = make_loggers(loggers)
+        every = log_every_n_steps if log_every_n_steps is not None else (DEFAULT_EVERY if made else None)
+        return cls(made, every, None if run_dir is None else os.fspath(run_dir))

@@ -1,0 +1,103 @@
+"""TensorBoard event files, written with ``tensorboardX``'s protocol buffers (no torch or tensorflow needed).
+
+All the scalars of one logged step go into one event, written synchronously into a buffered
+file (tensorboardX's ``SummaryWriter`` would build one event per scalar and hand each to a
+multiprocessing queue, which costs more than a small training step); the file is flushed
+when the run recorder flushes (see :meth:`drivetrain.loggers.Logger.flush`). A resumed run
+starts its event file with a ``SessionLog.START`` at the step after its checkpoint, which
+makes TensorBoard discard what the crashed run wrote from there: the curves continue
+without a doubled stretch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .._errors import ConfigurationError
+from .logger import Logger
+
+INSTALL = 'pip install "drivetrain[tensorboard]" (or pip install tensorboardX)'
+_NOT_IN_TAGS = re.compile(r"[^-/\w\.]")  # what TensorBoard does not allow in a tag, written as '_'
+
+
+class TensorBoardLogger(Logger):
+    """Scalars as TensorBoard events under ``save_dir`` (default: the run folder's ``tensorboard/``).
+
+    View them with ``tensorboard --logdir RUN_DIR``. Tag names keep letters, digits, ``-/_.``;
+    other characters become ``_`` (``eval/acc#acc#dev`` shows as ``eval/acc_acc_dev``). The
+    configuration is written as a text summary (``hparams``, TensorBoard's Text tab).
+    """
+
+    name = "tensorboard"
+
+    def __init__(self, save_dir: str | os.PathLike | None = None) -> None:
+        super().__init__(save_dir)
+        _require_tensorboardx()
+        self.writer: Any = None
+        self.log_dir: str | None = None
+        self._tags: dict[str, str] = {}
+
+    def open(self, run_dir: str, resume_step: int | None) -> None:
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        folder = self.save_dir if self.save_dir is not None else os.path.join(run_dir, "tensorboard")
+        os.makedirs(folder, exist_ok=True)
+        self.log_dir = folder
+        # event files are named by the second they were opened in and read in name order: a nanosecond
+        # suffix keeps a quick resume from overwriting the file of the run it continues, and sorts after it
+        self.writer = EventsWriter(os.path.join(folder, "events"), f".{time.time_ns()}")
+        if resume_step is not None:
+            self.writer.write_event(Event(step=resume_step + 1, wall_time=time.time(),
+                                          session_log=SessionLog(status=SessionLog.START)))
+        self.writer.flush()
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        from tensorboardX.summary import text
+
+        body = "\n".join(f"    {line}" for line in json.dumps(dict(params), indent=2, default=str).splitlines())
+        self._write(text("hparams", body), 0)
+
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        self._write(Summary(value=[Summary.Value(tag=self._tag(name), simple_value=value)
+                                   for name, value in scalars.items()]), step)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self, status: str, summary: Mapping[str, Any]) -> None:
+        if self.writer is not None:
+            from tensorboardX.summary import text
+
+            self._write(text("status", status), int(summary.get("step", 0)))
+            self.writer.close()
+            self.writer = None
+
+    def describe(self) -> str:
+        return f"{self.name} in {os.path.abspath(self.log_dir or self.save_dir or '.')}"
+
+    def _write(self, summary: Any, step: int) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+
+        self.writer.write_event(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def _tag(self, name: str) -> str:
+        tag = self._tags.get(name)
+        if tag is None:
+            tag = self._tags[name] = _NOT_IN_TAGS.sub("_", name).lstrip("/")
+        return tag
+
+
+def _require_tensorboardx() -> None:
+    try:
+        import tensorboardX  # noqa: F401
+    except ImportError:
+        raise ConfigurationError(f"the 'tensorboard' logger needs tensorboardX, which is not installed: {INSTALL}.") from None
