@@ -89,6 +89,7 @@ class ModuleDriver(Driver):
                          model_wo_auto_param_call=model_wo_auto_param_call)
         options = self.check_options(framework_kwargs)
         self.device = self.resolve_device(device, model)
+        self.stepped_optimizers: list[Any] | None = None  # per instance: read by every step
         self.configure(options)
 
     # ------------------------------------------------------------ construction
@@ -212,14 +213,12 @@ class ModuleDriver(Driver):
         """Every parameter of every optimizer, for clipping."""
         return [p for optimizer in self.optimizers for p in self.optimizer_params(optimizer)]
 
-    def _optimizers_to_step(self) -> list[Any]:
-        """What :meth:`step` steps: the user's optimizers (a distributed driver may wrap them)."""
-        return self.optimizers
-
+    # ``stepped_optimizers``: what :meth:`step` steps when set, wrappers of the optimizers (a distributed
+    # driver's); None steps ``optimizers``.
     def step(self) -> None:
         """Clip (the unscaled gradients, under a ``grad_scaler``), then step every optimizer."""
         scaler = self.grad_scaler
-        optimizers = self._optimizers_to_step()
+        optimizers = self.optimizers if self.stepped_optimizers is None else self.stepped_optimizers
         if self.grad_clip is not None:
             if scaler is not None:
                 for optimizer in optimizers:

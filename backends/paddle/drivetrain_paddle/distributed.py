@@ -101,7 +101,6 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         self._guard = CollectiveGuard(plan.rank, plan.world_size, markers=_COMM_MARKERS, error_line=-1,
                                       silent_peer=self._silent_peer)
         self._group: Any = None  # the group gradients are averaged over (None: every process)
-        self._stepping: list[Any] | None = None  # fleet's optimizer wrappers
 
     # ------------------------------------------------------------------ lifecycle
     def _join(self) -> None:
@@ -120,7 +119,7 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         if self._dp is not None:
             self._dp.grad_need_sync = False  # gradients are averaged in step(), never by the reducer
         if plan.fleet:
-            self._stepping = [fleet.distributed_optimizer(optimizer) for optimizer in self.optimizers]
+            self.stepped_optimizers = [fleet.distributed_optimizer(optimizer) for optimizer in self.optimizers]
             if self.grad_scaler is not None:
                 self.grad_scaler = fleet.distributed_scaler(self.grad_scaler)
 
@@ -183,9 +182,6 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Nothing to suspend: gradients are averaged once per optimizer step, never during backward."""
         return NULL_CONTEXT
-
-    def _optimizers_to_step(self) -> list[Any]:
-        return self._stepping if self._stepping is not None else self.optimizers
 
     def step(self) -> None:
         if self._params:

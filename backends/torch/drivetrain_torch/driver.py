@@ -72,9 +72,13 @@ class TorchSingleDriver(ModuleDriver):
         return model
 
     # --------------------------------------------------------------- optimisation
-    def run_backward(self, loss: Any) -> None:
+    def backward(self, loss: Any) -> None:
+        """The template's checks and backward in one call: this runs every step."""
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            self.raise_bad_loss(loss)
+        scaler = self.grad_scaler
         try:
-            super().run_backward(loss)
+            (loss if scaler is None else scaler.scale(loss)).backward()
         except RuntimeError as exc:
             if loss.numel() != 1:
                 raise self.multi_value_error(loss) from exc
