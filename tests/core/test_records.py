@@ -266,3 +266,13 @@ def test_a_csv_row_cut_short_by_a_crash_is_not_read_back(tmp_path) -> None:
     logger.open(str(tmp_path), resume_step=20)
     assert logger.rows == [{"step": 5, "train/loss": 0.5}, {"step": 10, "train/loss": 0.25}]
     assert read_csv(tmp_path / "metrics.csv") == [{"step": "5", "train/loss": "0.5"}, {"step": "10", "train/loss": "0.25"}]
+
+
+def test_an_evaluation_after_run_goes_to_the_history_not_to_the_closed_record(tmp_path) -> None:
+    trainer = make_trainer(loggers=["jsonl"], log_every_n_steps=13, run_dir=tmp_path, n_epochs=1,
+                           script=lambda step: 0.5, evaluate_every=-1)
+    trainer.run()
+    before = read_jsonl(tmp_path / "metrics.jsonl")
+    trainer.evaluate()
+    assert read_jsonl(tmp_path / "metrics.jsonl") == before
+    assert [row["step"] for row in trainer.history["evaluate"]] == [13, 13]

@@ -124,6 +124,7 @@ class RunRecorder(HistoryRecorder):
                    "seconds": round(time.perf_counter() - self._start, 3), **self._last("train"),
                    **self._last("evaluate")}
         self._each("close", self._status, summary)
+        self.loggers = []  # closed: evaluations after run() go to the history only
 
     def on_exception(self, trainer: Any, exception: BaseException) -> None:
         stopped = isinstance(exception, (EarlyStopException, KeyboardInterrupt))
@@ -152,11 +153,13 @@ class RunRecorder(HistoryRecorder):
         losses = [loss for loss in self._losses if loss is not None]
         loss_sum = sum(_mean(_as_numpy(driver, loss)) for loss in losses)
         tokens = float(sum(_as_numpy(driver, mask).sum() for mask in self._masks))
-        counts = np.array([loss_sum, len(losses), self._samples, tokens], dtype=np.float64)
-        if driver.is_distributed():
-            counts = driver.all_reduce(counts, "sum")
-        step = trainer.global_forward_batches
         seconds = max(time.perf_counter() - self._window_start, 1e-9)
+        counts = np.array([loss_sum, len(losses), self._samples, tokens, seconds], dtype=np.float64)
+        if driver.is_distributed():  # one all-reduce: every rank gets the same numbers (the mean window time)
+            counts = driver.all_reduce(counts, "sum")
+            counts[4] /= driver.world_size
+        step = trainer.global_forward_batches
+        seconds = float(counts[4])
         scalars: dict[str, float] = {}
         if counts[1]:
             scalars["train/loss"] = float(counts[0] / counts[1])

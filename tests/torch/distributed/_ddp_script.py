@@ -151,15 +151,17 @@ def run_phase(phase: str, args: argparse.Namespace, launch: dict) -> None:
         callbacks.append(StopAt(INTERRUPT_AT, os.path.join(args.out, "interrupted")))
     elif phase in ("resume", "resume-same"):
         run_options["resume_from"] = args.resume_from if phase == "resume" else os.path.join(args.out, "interrupted")
+    records = {"loggers": ["jsonl"], "log_every_n_steps": 3, "run_dir": os.path.join(args.out, "record")} \
+        if phase == "full" else {}
     trainer = build_trainer(trainable, batch_size=BATCH_PER_RANK, callbacks=callbacks, evaluate=phase == "full",
-                            **launch)
+                            **launch, **records)
     trainer.add_callback_fn(Event.on_train_end(), rank_zero_only(lambda t: zero_calls.append(1)))
     trainer.run(num_eval_sanity_batch=0, **run_options)
     driver = trainer.driver
     result = {
         "rank": driver.rank, "world_size": driver.world_size, "driver": type(driver).__name__,
         "params": params_of(model), "seen": recorder.seen, "counts": recorder.counts, "zero_only": len(zero_calls),
-        "pid": os.getpid(),
+        "pid": os.getpid(), "history": trainer.history,
     }
     if phase == "full":
         result["eval"] = trainer.evaluate()

@@ -51,15 +51,18 @@ def reference(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("reference")
     torch.manual_seed(0)
     model = script.Net()
-    trainer = script.build_trainer(model, batch_size=2 * script.BATCH_PER_RANK, callbacks=[], evaluate=True)
+    trainer = script.build_trainer(model, batch_size=2 * script.BATCH_PER_RANK, callbacks=[], evaluate=True,
+                                   log_every_n_steps=3)
     trainer.run(num_eval_sanity_batch=0)
+    history = trainer.history
     evaluated = trainer.evaluate()
     torch.manual_seed(0)
     recorder = script.Recorder()
     folder = out / "one-process-interrupted"
     script.build_trainer(script.Net(), batch_size=script.BATCH_PER_RANK,
                          callbacks=[recorder, script.StopAt(5, str(folder))]).run()
-    return {"params": script.params_of(model), "eval": evaluated, "folder": folder, "seen": recorder.seen}
+    return {"params": script.params_of(model), "eval": evaluated, "folder": folder, "seen": recorder.seen,
+            "history": history}
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +115,20 @@ def test_prediction_gathers_every_rank_in_dataset_order(torchrun_run) -> None:
         assert predicted["idx"] == list(range(script.N_EVAL))  # the dataset's order, each sample once
         assert torch.allclose(torch.tensor(predicted["pred"]), torch.tensor(full[0]["pred_by_hand"]), atol=1e-6)
         assert full[rank]["streamed_equal"]
+
+
+def test_the_run_record_is_written_once_with_losses_averaged_over_the_ranks(torchrun_run, reference) -> None:
+    full = _read(torchrun_run, "full")
+    with open(torchrun_run / "record" / "metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    train = [row for row in rows if "train/loss" in row]
+    assert [row["step"] for row in train] == [3, 6, 9, 12]  # rank 0 alone wrote: each step once
+    expected = [row["train/loss"] for row in reference["history"]["train"]]
+    assert [row["train/loss"] for row in train] == pytest.approx(expected, rel=1e-5)
+    assert full[0]["history"]["train"] == full[1]["history"]["train"]  # every rank holds the reduced numbers
+    # samples/s counts both ranks: 8 samples per step (2 x 4) over the same seconds as steps/s
+    assert all(row["train/samples_per_s"] == pytest.approx(8 * row["train/steps_per_s"]) for row in train)
+    assert [row["step"] for row in rows if "eval/acc#acc" in row] == [6, 12]
 
 
 def test_checkpoints_are_written_once_without_leftovers(torchrun_run) -> None:
