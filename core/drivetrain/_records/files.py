@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .._io import atomic_write
 from .logger import Logger
 
 HPARAMS_FILE = "hparams.json"
@@ -28,10 +29,32 @@ def write_json(path: str, data: Any) -> None:
 
 
 def _replace(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+
+    atomic_write(path, write)
+
+
+def read_csv_rows(path: str) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.csv`` with numbers as numbers; a last line cut short by a crash is left out."""
+    with open(path, encoding="utf-8", newline="") as f:
+        text = f.read()
+    text = text[:text.rfind("\n") + 1]
+    rows = [{k: _number(v) for k, v in row.items() if v != ""} for row in csv.DictReader(io.StringIO(text))]
+    return [row for row in rows if "step" in row]
+
+
+def read_jsonl_rows(path: str) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``; reading stops at a line cut short by a crash."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return [row for row in rows if isinstance(row, dict) and "step" in row]
 
 
 class _RowFile(Logger):
@@ -117,11 +140,7 @@ class CSVLogger(_RowFile):
         self._writer: Any = None  # a csv writer on the open file, made again after every rewrite
 
     def _read(self, path: str) -> list[dict[str, Any]]:
-        with open(path, encoding="utf-8", newline="") as f:
-            text = f.read()
-        text = text[:text.rfind("\n") + 1]  # a last line without its newline was cut short by a crash
-        rows = [{k: _number(v) for k, v in row.items() if v != ""} for row in csv.DictReader(io.StringIO(text))]
-        return [row for row in rows if "step" in row]
+        return read_csv_rows(path)
 
     def _rewrite(self) -> None:
         assert self.path is not None
@@ -148,14 +167,7 @@ class JSONLinesLogger(_RowFile):
     filename = "metrics.jsonl"
 
     def _read(self, path: str) -> list[dict[str, Any]]:
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # the last line of a process killed while writing it
-        return [row for row in rows if isinstance(row, dict) and "step" in row]
+        return read_jsonl_rows(path)
 
     def _rewrite(self) -> None:
         assert self.path is not None

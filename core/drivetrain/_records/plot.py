@@ -8,14 +8,13 @@ colour per run, labelled by folder name. Needs matplotlib (``pip install matplot
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from .._errors import ConfigurationError
+from .files import read_csv_rows, read_jsonl_rows
 
 INSTALL = 'pip install "drivetrain[plot]" (or pip install matplotlib)'
 
@@ -24,11 +23,9 @@ def read_record(run_dir: str) -> list[dict[str, Any]]:
     """The rows of a run folder's record (``metrics.jsonl`` preferred, else ``metrics.csv``)."""
     jsonl, table = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, "metrics.csv")
     if os.path.isfile(jsonl):
-        with open(jsonl, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return read_jsonl_rows(jsonl)
     if os.path.isfile(table):
-        with open(table, encoding="utf-8", newline="") as f:
-            return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+        return read_csv_rows(table)
     raise ConfigurationError(
         f"{run_dir} holds no run record (metrics.jsonl or metrics.csv); pass the folder a Trainer with "
         "loggers=['jsonl'] or ['csv'] wrote (its run_dir, printed at the start of training)."

@@ -41,14 +41,17 @@ class TensorBoardLogger(Logger):
         self.writer: Any = None
         self.log_dir: str | None = None
         self._tags: dict[str, str] = {}
+        self._proto: Any = None  # (Event, Summary): tensorboardX's protobuf classes, looked up once in open()
 
     def open(self, run_dir: str, resume_step: int | None) -> None:
         from tensorboardX.event_file_writer import EventsWriter
         from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.proto.summary_pb2 import Summary
 
         folder = self.save_dir if self.save_dir is not None else os.path.join(run_dir, "tensorboard")
         os.makedirs(folder, exist_ok=True)
         self.log_dir = folder
+        self._proto = (Event, Summary)
         # event files are named by the second they were opened in and read in name order: a nanosecond
         # suffix keeps a quick resume from overwriting the file of the run it continues, and sorts after it
         self.writer = EventsWriter(os.path.join(folder, "events"), f".{time.time_ns()}")
@@ -64,8 +67,7 @@ class TensorBoardLogger(Logger):
         self._write(text("hparams", body), 0)
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        from tensorboardX.proto.summary_pb2 import Summary
-
+        Summary = self._proto[1]  # noqa: N806 - a protobuf class
         self._write(Summary(value=[Summary.Value(tag=self._tag(name), simple_value=value)
                                    for name, value in scalars.items()]), step)
 
@@ -85,9 +87,7 @@ class TensorBoardLogger(Logger):
         return f"{self.name} in {os.path.abspath(self.log_dir or self.save_dir or '.')}"
 
     def _write(self, summary: Any, step: int) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-
-        self.writer.write_event(Event(wall_time=time.time(), step=step, summary=summary))
+        self.writer.write_event(self._proto[0](wall_time=time.time(), step=step, summary=summary))
 
     def _tag(self, name: str) -> str:
         tag = self._tags.get(name)
