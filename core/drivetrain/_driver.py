@@ -55,6 +55,9 @@ class Driver(abc.ABC):
     capabilities: Capabilities = Capabilities()
     default_forward_name: str = "forward"
     """Name of the framework's forward method (``forward`` in torch, ``execute`` in jittor)."""
+    grad_norm: Any = None
+    """The total gradient norm the last :meth:`step` computed while clipping by norm (None otherwise); the run
+    recorder takes it (and sets it back to None) to log ``train/grad_norm``."""
 
     def __init__(
         self,
@@ -195,7 +198,12 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def step(self) -> None:
-        """Clip gradients if asked, then step every optimizer (and the grad scaler)."""
+        """Clip gradients if asked, then step every optimizer (and the grad scaler).
+
+        When it clips by norm, set :attr:`grad_norm` to the total gradient norm before
+        clipping, as the framework computed it (a framework scalar is fine: it is read only
+        when the run record logs it).
+        """
 
     @abc.abstractmethod
     def zero_grad(self) -> None:

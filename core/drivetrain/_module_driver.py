@@ -201,13 +201,17 @@ class ModuleDriver(Driver):
             "reduce it in the model, e.g. loss.mean()."
         )
 
-    def clip_gradients(self, params: list[Any]) -> None:
-        """(framework) Clip the gradients of ``params`` to ``grad_clip`` by norm or by value."""
+    def clip_gradients(self, params: list[Any]) -> Any:
+        """(framework) Clip the gradients of ``params`` to ``grad_clip`` by norm or by value.
+
+        Returns the total norm before clipping when clipping by norm (a framework scalar, not
+        read here), else None.
+        """
         utils = self.framework.nn.utils
         if self.grad_clip_type == "norm":
-            utils.clip_grad_norm_(params, self.grad_clip)
-        else:
-            utils.clip_grad_value_(params, self.grad_clip)
+            return utils.clip_grad_norm_(params, self.grad_clip)
+        utils.clip_grad_value_(params, self.grad_clip)
+        return None
 
     def trainable_params(self) -> list[Any]:
         """Every parameter of every optimizer, for clipping."""
@@ -223,7 +227,7 @@ class ModuleDriver(Driver):
             if scaler is not None:
                 for optimizer in optimizers:
                     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            self.clip_gradients(self.trainable_params())
+            self.grad_norm = self.clip_gradients(self.trainable_params())
         if scaler is None:
             for optimizer in optimizers:
                 optimizer.step()

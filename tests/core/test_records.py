@@ -23,8 +23,10 @@ from drivetrain import (
 )
 from drivetrain._plugins import get_registry, register_plugin
 from drivetrain.loggers import CSVLogger, JSONLinesLogger, Logger, logger_names
+from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 from ._callback_helpers import make_trainer, stop_after
+from .conftest import make_regression
 
 EVERY = 5
 
@@ -276,3 +278,45 @@ def test_an_evaluation_after_run_goes_to_the_history_not_to_the_closed_record(tm
     trainer.evaluate()
     assert read_jsonl(tmp_path / "metrics.jsonl") == before
     assert [row["step"] for row in trainer.history["evaluate"]] == [13, 13]
+
+
+def test_grad_norm_is_the_window_mean_of_the_norms_clipping_computed(tmp_path) -> None:
+    trainer = make_trainer(log_every_n_steps=4, n_epochs=1, accumulation_steps=2, grad_clip=1e-3)
+    norms: list[float] = []
+
+    def before_step(t: Trainer, optimizers) -> None:  # the gradients the driver is about to clip
+        norms.append(float(np.sqrt(sum(float((g ** 2).sum()) for g in t.driver.model.grads.values()))))
+
+    trainer.add_callback_fn(Event.on_before_optimizers_step(), before_step)
+    trainer.run()
+    rows = trainer.history["train"]
+    assert [row["step"] for row in rows] == [4, 8, 12, 13]
+    # 13 batches, a step every 2 (and one for the last, odd batch): steps after batches 2, 4, ..., 12, 13
+    expected = [np.mean(norms[0:2]), np.mean(norms[2:4]), np.mean(norms[4:6]), norms[6]]
+    assert [row["train/grad_norm"] for row in rows] == pytest.approx(expected, rel=1e-6)
+    assert max(norms) > 1e-3  # clipping was active
+
+
+def test_no_grad_norm_without_norm_clipping_and_tokens_from_a_declared_count(tmp_path) -> None:
+    trainer = make_trainer(log_every_n_steps=13, n_epochs=1, grad_clip=0.5, grad_clip_type="value")
+    trainer.run()
+    assert "train/grad_norm" not in trainer.history["train"][0]
+
+    class Counted:  # batches that declare their token count: 7 tokens per sample
+        def __init__(self, loader) -> None:
+            self.loader = loader
+
+        def __iter__(self):
+            for batch in self.loader:
+                yield {**batch, "num_tokens": 7 * len(batch["x"])}
+
+        def __len__(self) -> int:
+            return len(self.loader)
+
+    model = LinearModel(3, 1, seed=0)
+    loader = Counted(ArrayLoader(make_regression(n=50), batch_size=4))
+    trainer = Trainer(model, loader, SGD(model.params, model.grads, lr=0.05), driver="numpy", n_epochs=1,
+                      log_every_n_steps=13, progress_bar=None)
+    trainer.run()
+    row = trainer.history["train"][0]
+    assert row["train/tokens_per_s"] == pytest.approx(7 * row["train/samples_per_s"], rel=1e-9)

@@ -164,27 +164,30 @@ class JittorSingleDriver(ModuleDriver):
         if buffers:
             jt.sync(buffers)
 
-    def clip_gradients(self, params: list[Any]) -> None:
-        """Clip the gradients the optimizers hold for ``params`` (jittor keeps them in ``group["grads"]``)."""
+    def clip_gradients(self, params: list[Any]) -> Any:
+        """Clip the gradients the optimizers hold for ``params`` (jittor keeps them in ``group["grads"]``).
+
+        Returns the total norm before clipping when clipping by norm, else None."""
         wanted = {id(p) for p in params}
         grads = [g for opt in self.optimizers if _state.gradients_live(opt)
                  for group in opt.param_groups
                  for p, g in zip(group["params"], group.get("grads", ()), strict=False)
                  if id(p) in wanted and not p.is_stop_grad()]
         if not grads:
-            return
+            return None
         if self.grad_clip_type == "value":
             for g in grads:
                 g.update(jt.clamp(g, -self.grad_clip, self.grad_clip))
-            return
+            return None
         total = jt.norm(jt.concat([g.flatten() for g in grads]), 2)
         scale = jt.minimum(self.grad_clip / (total + 1e-6), 1.0)
         for g in grads:
             g.update(g * scale)
+        return total
 
     def step(self) -> None:
         if self.grad_clip is not None:
-            self.clip_gradients(self.trainable_params())
+            self.grad_norm = self.clip_gradients(self.trainable_params())
         for optimizer in self.optimizers:
             if _state.gradients_live(optimizer):
                 optimizer.step()

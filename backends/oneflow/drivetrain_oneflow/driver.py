@@ -84,10 +84,9 @@ class OneflowSingleDriver(ModuleDriver):
             loss = self.loss_scaler.scale_loss(loss)
         loss.backward()
 
-    def clip_gradients(self, params: list[Any]) -> None:
+    def clip_gradients(self, params: list[Any]) -> Any:
         params = [p for p in params if p.grad is not None]  # oneflow's clipping fails on a None gradient
-        if params:
-            super().clip_gradients(params)
+        return super().clip_gradients(params) if params else None
 
     def step(self) -> None:
         scaler = self.loss_scaler
@@ -95,7 +94,7 @@ class OneflowSingleDriver(ModuleDriver):
             super().step()
             return
         if self.grad_clip is not None and scaler.unscale(self.trainable_params()):
-            self.clip_gradients(self.trainable_params())  # clip the true gradients, not the scaled ones
+            self.grad_norm = self.clip_gradients(self.trainable_params())  # the true gradients, not the scaled
         scaler.step(self.optimizers, self.trainable_params)
 
     def zero_grad(self) -> None:

@@ -1,10 +1,11 @@
 """The run recorder: the callback that feeds the loggers and ``Trainer.history`` from the loop's events.
 
-Per batch it stores a reference to the loss and counts samples (and tokens, when the batch
-has an ``attention_mask``); nothing is read from the device until a window of
-``log_every_n_steps`` batches closes. Then, on every rank, the window's loss sum, sample and
-token counts are converted once and (in a distributed run) summed over the ranks in one
-all-reduce, so every rank holds the same numbers; the global-zero process writes them.
+Per batch it stores a reference to the loss and to the gradient norm the driver computed while
+clipping (``Driver.grad_norm``), and counts samples and tokens (a dict batch's ``num_tokens``,
+else the sum of its ``attention_mask``); nothing is read from the device until a window of
+``log_every_n_steps`` batches closes. Then, on every rank, the window's sums and counts are
+converted once and (in a distributed run) summed over the ranks in one all-reduce, so every
+rank holds the same numbers; the global-zero process writes them.
 Evaluation results, the configuration and the final summary go to the loggers as they come.
 
 A logger that raises is named in a :class:`~drivetrain.ConfigurationError`-free warning and
@@ -80,7 +81,8 @@ class RunRecorder(HistoryRecorder):
         self._resume_step: int | None = None
         self._status = "finished"
         self._losses: list[Any] = []
-        self._masks: list[Any] = []
+        self._tokens: list[Any] = []
+        self._norms: list[Any] = []
         self._samples = 0
         self._window_start = 0.0
         self._window_first = 0
@@ -133,13 +135,19 @@ class RunRecorder(HistoryRecorder):
     # ------------------------------------------------------------------- hot path
     def on_train_batch_begin(self, trainer: Any, batch: Any, indices: Any) -> None:
         self._samples += len(indices) if indices is not None else _leading_size(batch)
-        if type(batch) is dict and "attention_mask" in batch:
-            self._masks.append(batch["attention_mask"])
+        if type(batch) is dict:
+            tokens = batch.get("num_tokens", batch.get("attention_mask"))
+            if tokens is not None:
+                self._tokens.append(tokens)
 
     def on_before_backward(self, trainer: Any, outputs: Any) -> None:
         self._losses.append(loss_of(outputs))
 
     def on_train_batch_end(self, trainer: Any) -> None:
+        driver = trainer.driver
+        if driver.grad_norm is not None:  # this batch stepped and clipped by norm
+            self._norms.append(driver.grad_norm)
+            driver.grad_norm = None
         if trainer.global_forward_batches % self.every == 0:
             self._log_window(trainer)
 
@@ -152,9 +160,11 @@ class RunRecorder(HistoryRecorder):
         driver = trainer.driver
         losses = [loss for loss in self._losses if loss is not None]
         loss_sum = sum(_mean(_as_numpy(driver, loss)) for loss in losses)
-        tokens = float(sum(_as_numpy(driver, mask).sum() for mask in self._masks))
+        tokens = float(sum(_as_numpy(driver, count).sum() for count in self._tokens))
+        norm_sum = sum(_mean(_as_numpy(driver, norm)) for norm in self._norms)
         seconds = max(time.perf_counter() - self._window_start, 1e-9)
-        counts = np.array([loss_sum, len(losses), self._samples, tokens, seconds], dtype=np.float64)
+        counts = np.array([loss_sum, len(losses), self._samples, tokens, seconds, norm_sum, len(self._norms)],
+                          dtype=np.float64)
         if driver.is_distributed():  # one all-reduce: every rank gets the same numbers (the mean window time)
             counts = driver.all_reduce(counts, "sum")
             counts[4] /= driver.world_size
@@ -164,9 +174,11 @@ class RunRecorder(HistoryRecorder):
         if counts[1]:
             scalars["train/loss"] = float(counts[0] / counts[1])
         scalars.update(_learning_rates(driver))
+        if counts[6]:
+            scalars["train/grad_norm"] = float(counts[5] / counts[6])
         scalars["train/steps_per_s"] = (step - self._window_first) / seconds
         scalars["train/samples_per_s"] = float(counts[2]) / seconds
-        if self._masks:
+        if self._tokens:
             scalars["train/tokens_per_s"] = float(counts[3]) / seconds
         self.history["train"].append({"step": step, "epoch": trainer.cur_epoch_idx, **scalars})
         self._each("log_scalars", scalars, step)
@@ -180,7 +192,7 @@ class RunRecorder(HistoryRecorder):
         self._each("flush")
 
     def _reset_window(self, step: int) -> None:
-        self._losses, self._masks, self._samples = [], [], 0
+        self._losses, self._tokens, self._norms, self._samples = [], [], [], 0
         self._window_first = step
         self._window_start = time.perf_counter()
 

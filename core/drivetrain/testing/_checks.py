@@ -210,7 +210,7 @@ def divided_losses_accumulate(kit: BackendKit) -> None:
     expect_same(params(twice), params(once), "accumulated update vs single update", rtol=1e-5)
 
 
-@check("optimisation", "grad_clip=c (norm) bounds the update of an lr=1 SGD step by c")
+@check("optimisation", "grad_clip=c (norm) bounds the update of an lr=1 SGD step by c; grad_norm is the norm before")
 def grad_clip_bounds_the_update(kit: BackendKit) -> None:
     batch = kit.batches()[0]
     free = build(kit, lr=1.0)
@@ -223,6 +223,13 @@ def grad_clip_bounds_the_update(kit: BackendKit) -> None:
     moved_clip = sum(float(np.sum((params(clipped)[k] - start[k]) ** 2)) for k in start) ** 0.5
     expect(moved_clip <= 1e-3 * 1.01, f"with grad_clip=1e-3 and lr=1 the step norm was {moved_clip}")
     expect(moved_free > moved_clip, f"unclipped step norm {moved_free} is not above the clipped {moved_clip}")
+    # an lr=1 SGD step moves the parameters by the gradient: its norm is the norm clipping saw
+    norm = clipped.grad_norm
+    expect(norm is not None, "after a step that clipped by norm, driver.grad_norm is None; set it in step()")
+    norm = float(np.asarray(norm if isinstance(norm, (int, float)) else clipped.tensor_to_numpy(norm)))
+    expect(abs(norm - moved_free) <= 1e-4 * moved_free,
+           f"driver.grad_norm {norm} is not the gradient norm before clipping ({moved_free})")
+    expect(free.grad_norm is None, f"driver.grad_norm is {free.grad_norm!r} after a step without clipping")
 
 
 @check("optimisation", "get_lrs reads the optimizer's rate; the rate set_lrs sets is read back and used by step")

@@ -48,7 +48,7 @@ class NumpyDriver(Driver):
                 for g in grads.values():
                     np.clip(g, -self.grad_clip, self.grad_clip, out=g)
             else:
-                norm = float(np.sqrt(sum(float((g**2).sum()) for g in grads.values())))
+                norm = self.grad_norm = float(np.sqrt(sum(float((g**2).sum()) for g in grads.values())))
                 if norm > self.grad_clip:
                     for g in grads.values():
                         g *= self.grad_clip / (norm + 1e-6)
