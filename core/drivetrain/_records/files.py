@@ -137,6 +137,7 @@ class CSVLogger(_RowFile):
     def __init__(self, save_dir: str | os.PathLike | None = None) -> None:
         super().__init__(save_dir)
         self.columns: list[str] = ["step"]
+        self._known = {"step"}
         self._writer: Any = None  # a csv writer on the open file, made again after every rewrite
 
     def _read(self, path: str) -> list[dict[str, Any]]:
@@ -146,18 +147,19 @@ class CSVLogger(_RowFile):
         assert self.path is not None
         for row in self.rows:
             self.columns.extend(key for key in row if key not in self.columns)
-        lines = [self.columns] + [[_cell(row.get(column)) for column in self.columns] for row in self.rows]
+        self._known = set(self.columns)
+        lines = [self.columns] + [[row.get(column) for column in self.columns] for row in self.rows]
         self._writer = None
         self._replace_file("".join(_csv_line(line) for line in lines))
 
     def _append(self, row: dict[str, Any]) -> None:
         assert self.path is not None
-        if any(key not in self.columns for key in row):
+        if not row.keys() <= self._known:
             self._rewrite()  # a new column: the header changes, so the file is written anew
             return
         if self._writer is None:
             self._writer = csv.writer(self._appending(), lineterminator="\n")
-        self._writer.writerow([_cell(row.get(column)) for column in self.columns])
+        self._writer.writerow([row.get(column) for column in self.columns])  # csv writes None as '', floats by repr
 
 
 class JSONLinesLogger(_RowFile):
@@ -182,10 +184,6 @@ def _csv_line(cells: list[Any]) -> str:
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerow(cells)
     return buffer.getvalue()
-
-
-def _cell(value: Any) -> str:
-    return "" if value is None else repr(value) if isinstance(value, float) else str(value)
 
 
 def _number(text: str) -> Any:

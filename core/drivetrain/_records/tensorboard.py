@@ -42,6 +42,8 @@ class TensorBoardLogger(Logger):
         self.log_dir: str | None = None
         self._tags: dict[str, str] = {}
         self._proto: Any = None  # (Event, Summary): tensorboardX's protobuf classes, looked up once in open()
+        self._last_names: tuple[str, ...] = ()
+        self._last_event: Any = None
 
     def open(self, run_dir: str, resume_step: int | None) -> None:
         from tensorboardX.event_file_writer import EventsWriter
@@ -67,9 +69,19 @@ class TensorBoardLogger(Logger):
         self._write(text("hparams", body), 0)
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        Summary = self._proto[1]  # noqa: N806 - a protobuf class
-        self._write(Summary(value=[Summary.Value(tag=self._tag(name), simple_value=value)
-                                   for name, value in scalars.items()]), step)
+        # the scalars of consecutive steps usually have the same names: their event is built once and its
+        # step, time and values are overwritten (building the protocol buffers costs more than writing them)
+        names = tuple(scalars)
+        if names != self._last_names:
+            Summary = self._proto[1]  # noqa: N806 - a protobuf class
+            self._last_event = self._proto[0](summary=Summary(
+                value=[Summary.Value(tag=self._tag(name)) for name in names]))
+            self._last_names = names
+        event = self._last_event
+        event.step, event.wall_time = step, time.time()
+        for slot, value in zip(event.summary.value, scalars.values(), strict=True):
+            slot.simple_value = value
+        self.writer.write_event(event)
 
     def flush(self) -> None:
         if self.writer is not None:
