@@ -244,6 +244,15 @@ class Driver(abc.ABC):
     def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
         """Detach and copy a framework tensor into a numpy array (bf16 becomes float32)."""
 
+    def scalars_to_numpy(self, values: list[Any]) -> np.ndarray:
+        """Single-value tensors (a logged window's losses, gradient norms) as one float64 array of their values.
+
+        Read once per logged window, never per batch. The default converts them one by one; a
+        backend overrides it to stack them on the device and copy them to the host in one read.
+        """
+        return np.array([_single(value if isinstance(value, (int, float, np.ndarray, np.number))
+                                 else self.tensor_to_numpy(value)) for value in values], dtype=np.float64)
+
     def is_tensor(self, obj: Any) -> bool:
         """Whether ``obj`` is a tensor of this framework (used to convert outputs for metrics)."""
         return False
@@ -441,3 +450,9 @@ class Driver(abc.ABC):
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:
         return f"{self.name} driver ({type(self).__qualname__}) precision={self.precision}"
+
+
+def _single(value: Any) -> float:
+    """The value of a single-value array or number (the mean, for a loss that was not reduced)."""
+    array = np.asarray(value)
+    return float(array.item() if array.size == 1 else array.mean())

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from ._backend_checks import bool_option, check_framework_kwargs, check_lrs, check_model_type
 from ._driver import Driver
 from ._errors import DriverError
@@ -135,6 +137,18 @@ class ModuleDriver(Driver):
     def no_grad(self) -> contextlib.AbstractContextManager:
         """(framework) The framework's ``no_grad()`` context."""
         return self.framework.no_grad()
+
+    def scalars_to_numpy(self, values: list[Any]) -> np.ndarray:
+        """Stacked on the device (``framework.stack``) and read in one copy; one by one when they do not stack."""
+        if len(values) > 1 and all(self.is_tensor(value) for value in values):
+            try:
+                with self.no_grad():
+                    stacked = self.framework.stack(values)
+            except Exception:  # shapes that differ (a loss that was not reduced): one by one
+                return super().scalars_to_numpy(values)
+            array = self.tensor_to_numpy(stacked).astype(np.float64)
+            return array if array.ndim == 1 else array.reshape(len(values), -1).mean(axis=1)
+        return super().scalars_to_numpy(values)
 
     def auto_cast(self) -> contextlib.AbstractContextManager:
         """The precision machinery's ``autocast()`` context (none without one)."""

@@ -159,9 +159,9 @@ class RunRecorder(HistoryRecorder):
     def _log_window(self, trainer: Any) -> None:
         driver = trainer.driver
         losses = [loss for loss in self._losses if loss is not None]
-        loss_sum = sum(_mean(_as_numpy(driver, loss)) for loss in losses)
+        loss_sum = float(driver.scalars_to_numpy(losses).sum()) if losses else 0.0
         tokens = float(sum(_as_numpy(driver, count).sum() for count in self._tokens))
-        norm_sum = sum(_mean(_as_numpy(driver, norm)) for norm in self._norms)
+        norm_sum = float(driver.scalars_to_numpy(self._norms).sum()) if self._norms else 0.0
         seconds = max(time.perf_counter() - self._window_start, 1e-9)
         counts = np.array([loss_sum, len(losses), self._samples, tokens, seconds, norm_sum, len(self._norms)],
                           dtype=np.float64)
@@ -221,11 +221,6 @@ def _as_numpy(driver: Any, value: Any) -> np.ndarray:
     if isinstance(value, (int, float, np.ndarray, np.number)):
         return np.asarray(value)
     return driver.tensor_to_numpy(value)
-
-
-def _mean(array: np.ndarray) -> float:
-    """The mean of a loss (a single number, the usual case, without numpy's reduction machinery)."""
-    return float(array.item() if array.size == 1 else array.mean())
 
 
 def _learning_rates(driver: Any) -> dict[str, float]:
