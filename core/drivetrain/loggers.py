@@ -1,14 +1,22 @@
 """Run records: the loggers a Trainer feeds (``Trainer(loggers=[...], log_every_n_steps=50)``).
 
 Built-ins, each also named by a string in ``loggers=``: :class:`CSVLogger` (``"csv"``) and
-:class:`JSONLinesLogger` (``"jsonl"``), which need nothing, and :class:`TensorBoardLogger`
-(``"tensorboard"``), which needs ``tensorboardX``. Subclass :class:`Logger` for your own, or
+:class:`JSONLinesLogger` (``"jsonl"``), which need nothing; :class:`TensorBoardLogger`
+(``"tensorboard"``, needs ``tensorboardX``), :class:`VisualDLLogger` (``"visualdl"``, needs
+``visualdl``), :class:`MLflowLogger` (``"mlflow"``, needs ``mlflow-skinny`` with
+``sqlalchemy`` and ``alembic`` for its local store) and :class:`WandbLogger` (``"wandb"``,
+needs ``wandb``; offline works without an account). Each dependency is imported only when a
+run uses its logger. Subclass :class:`Logger` for your own, or
 publish one by name through the ``drivetrain_loggers`` hook of a plugin's entry point.
 """
 
 from ._records.files import CSVLogger, JSONLinesLogger
 from ._records.logger import Logger
+from ._records.mlflow_logger import MLflowLogger
 from ._records.registry import logger_names
 from ._records.tensorboard import TensorBoardLogger
+from ._records.visualdl_logger import VisualDLLogger
+from ._records.wandb_logger import WandbLogger
 
-__all__ = ["CSVLogger", "JSONLinesLogger", "Logger", "TensorBoardLogger", "logger_names"]
+__all__ = ["CSVLogger", "JSONLinesLogger", "Logger", "MLflowLogger", "TensorBoardLogger", "VisualDLLogger",
+           "WandbLogger", "logger_names"]

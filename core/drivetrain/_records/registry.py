@@ -1,6 +1,6 @@
 """Turning ``Trainer(loggers=...)`` into logger objects: built-in names, plugin names, or objects.
 
-Built-ins are named ``"csv"``, ``"jsonl"`` and ``"tensorboard"``; a plugin adds names through
+Built-ins are named ``"csv"``, ``"jsonl"``, ``"tensorboard"``, ``"visualdl"``, ``"mlflow"`` and ``"wandb"``; a plugin adds names through
 the ``drivetrain_loggers`` hook of the same entry points that provide drivers
 (``{"name": "package.module:LoggerClass"}``), imported only when a run asks for it.
 """
@@ -19,6 +19,9 @@ BUILT_IN = {
     "csv": "drivetrain._records.files:CSVLogger",
     "jsonl": "drivetrain._records.files:JSONLinesLogger",
     "tensorboard": "drivetrain._records.tensorboard:TensorBoardLogger",
+    "visualdl": "drivetrain._records.visualdl_logger:VisualDLLogger",
+    "mlflow": "drivetrain._records.mlflow_logger:MLflowLogger",
+    "wandb": "drivetrain._records.wandb_logger:WandbLogger",
 }
 
 
