@@ -53,8 +53,8 @@ _SAME_AS_TRAINER: Any = type("SameAsTrainer", (), {"__repr__": lambda self: "<th
 
 
 def _default_batch_step(trainer: Trainer, batch: Any) -> None:
-    context = trainer.get_no_sync_context()
-    if type(context) is contextlib.nullcontext:  # the usual batch: nothing to enter
+    context = None if trainer.accumulation_steps == 1 else trainer.get_no_sync_context()
+    if context is None or type(context) is contextlib.nullcontext:  # the usual batch: nothing to enter
         trainer.backward(trainer.train_step(batch))
     else:
         with context:
@@ -208,6 +208,9 @@ class Trainer:
         self._output_fn = make_mapping_fn(self.mappings.train_output, "output_mapping",
                                           to_dict=lambda outputs: named_outputs(outputs, "train function"))
         self._null = contextlib.nullcontext()
+        # the precision is fixed when the driver is set up: a driver whose forward runs in full precision
+        # (auto_cast() is a nullcontext) is not asked again on every batch
+        self._plain_forward = type(self.driver.auto_cast()) is contextlib.nullcontext
 
     def _reset_position(self, n_epochs: int, n_batches: int, accumulation_steps: int) -> None:
         """The loop's length and position, as callbacks read them and checkpoints store them."""
@@ -484,11 +487,10 @@ class Trainer:
         ``loss_fn(outputs, batch)`` as ``"loss"`` beside the named outputs.
         """
         driver = self.driver
-        context = driver.auto_cast()
-        if type(context) is contextlib.nullcontext:  # full precision: nothing to enter
+        if self._plain_forward:  # full precision: nothing to enter
             outputs = driver.model_call(batch, self._train_fn, self._train_sig)
         else:
-            with context:
+            with driver.auto_cast():
                 outputs = driver.model_call(batch, self._train_fn, self._train_sig)
         if self._output_fn is not None:
             outputs = self._output_fn(outputs)

@@ -133,9 +133,6 @@ class JittorSingleDriver(ModuleDriver):
                         "optimizer (use param groups for different settings)."
                     )
 
-    def loss_requires_grad(self, loss: Any) -> bool:
-        return loss.numel() == 1 and not loss.is_stop_grad()
-
     def raise_bad_loss(self, loss: Any) -> None:
         if isinstance(loss, _VAR):
             self.check_single_value(loss)
@@ -148,7 +145,10 @@ class JittorSingleDriver(ModuleDriver):
     _buffers: list[Any] | None = None
     """The model's Vars without gradients (buffers), found on the first backward; loading keeps their identity."""
 
-    def run_backward(self, loss: Any) -> None:
+    def backward(self, loss: Any) -> None:
+        """The template's checks and backward in one call: this runs every step."""
+        if not isinstance(loss, _VAR) or loss.numel() != 1 or loss.is_stop_grad():
+            self.raise_bad_loss(loss)
         self._backward_loss = loss
         optimizers = self.optimizers
         last = len(optimizers) - 1

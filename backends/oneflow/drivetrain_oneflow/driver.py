@@ -78,11 +78,14 @@ class OneflowSingleDriver(ModuleDriver):
     def optimizer_params(self, optimizer: Any) -> list[Any]:
         return [p for group in optimizer.param_groups for p in group.parameters]  # a ParamGroup, not a dict
 
-    def run_backward(self, loss: Any) -> None:
-        self.check_single_value(loss)  # oneflow would fail obscurely on a non-scalar loss
-        if self.loss_scaler is not None:
-            loss = self.loss_scaler.scale_loss(loss)
-        loss.backward()
+    def backward(self, loss: Any) -> None:
+        """The template's checks and backward in one call: this runs every step."""
+        if not isinstance(loss, flow.Tensor) or not loss.requires_grad:
+            self.raise_bad_loss(loss)
+        if loss.numel() != 1:  # oneflow would fail obscurely on a non-scalar loss
+            raise self.multi_value_error(loss)
+        scaler = self.loss_scaler
+        (loss if scaler is None else scaler.scale_loss(loss)).backward()
 
     def clip_gradients(self, params: list[Any]) -> Any:
         params = [p for p in params if p.grad is not None]  # oneflow's clipping fails on a None gradient

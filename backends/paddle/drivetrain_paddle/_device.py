@@ -106,6 +106,17 @@ def _movable(value: Any) -> bool:
     return isinstance(value, paddle.Tensor) or (type(value) is np.ndarray and value.dtype.kind in "biufc")
 
 
+def _cpu_only_build() -> bool:
+    """Whether this paddle has no device but the CPU (no CUDA, XPU or plugged-in device): then every tensor
+    is a CPU tensor, and asking each batch tensor for its place (a new Place object each time) is wasted."""
+    return not (paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu()
+                or paddle.device.get_all_custom_device_type())
+
+
+def _on_the_only_device(tensor: paddle.Tensor) -> bool:
+    return True
+
+
 class Mover:
     """Moves nested batches to one device (one instance per driver; the checks are bound once).
 
@@ -116,7 +127,8 @@ class Mover:
 
     def __init__(self, device: Device) -> None:
         self.index, self.place, self.on_cpu = device.index, device.place(), device.kind == "cpu"
-        self._move = batch_mover(paddle.Tensor, self.in_place, self.to_device, _movable)
+        in_place = _on_the_only_device if self.on_cpu and _cpu_only_build() else self.in_place
+        self.move = batch_mover(paddle.Tensor, in_place, self.to_device, _movable)  # moves one batch
 
     def in_place(self, tensor: paddle.Tensor) -> bool:
         place = tensor.place
@@ -127,6 +139,3 @@ class Mover:
         if not isinstance(value, paddle.Tensor):
             return paddle.to_tensor(value, place=self.place)
         return value.cpu() if self.on_cpu else value.cuda(self.index, blocking=False)
-
-    def __call__(self, batch: Any) -> Any:
-        return self._move(batch)

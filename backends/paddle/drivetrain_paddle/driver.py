@@ -140,13 +140,17 @@ class PaddleSingleDriver(ModuleDriver):
     def loss_requires_grad(self, loss: Any) -> bool:
         return not loss.stop_gradient
 
-    def run_backward(self, loss: Any) -> None:
-        if loss.ndim and loss.size != 1:  # ndim first: size costs microseconds, a 0-d loss is the usual
-            raise DriverError(
+    def backward(self, loss: Any) -> None:
+        """The template's checks and backward in one call: this runs every step."""
+        if not isinstance(loss, paddle.Tensor) or loss.stop_gradient:
+            self.raise_bad_loss(loss)
+        if loss.shape and loss.size != 1:  # shape first: size costs microseconds, a 0-d loss is the usual
+            raise DriverError(  # paddle would backpropagate a vector loss silently
                 f"the model's output 'loss' has shape {list(loss.shape)}; backward needs a single number: "
                 "reduce it in the model, e.g. loss.mean()."
             )
-        super().run_backward(loss)
+        scaler = self.grad_scaler
+        (loss if scaler is None else scaler.scale(loss)).backward()
 
     def raise_bad_loss(self, loss: Any) -> None:
         if isinstance(loss, paddle.Tensor):
@@ -175,7 +179,7 @@ class PaddleSingleDriver(ModuleDriver):
 
     # ----------------------------------------------------------------------- data
     def move_data_to_device(self, batch: Any) -> Any:
-        return self._move(batch)
+        return self._move.move(batch)
 
     def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
         if not isinstance(tensor, paddle.Tensor):
