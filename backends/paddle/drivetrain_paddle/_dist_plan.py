@@ -57,6 +57,9 @@ DIST_KWARGS = {
     "backend": "'gloo' or 'nccl' (default: gloo on CPU, nccl on GPUs)",
     "find_unused_parameters": "bool (default False): True all-reduces every trainable parameter's gradient, "
     "a zero one where a process did not use the parameter (needed when ranks use different parameters)",
+    "overlap": "bool (default True with nccl, False with gloo): True all-reduces the gradients in DataParallel's "
+    "reducer during backward (as torch DDP does); False once per step, after backward. With gloo a peer killed "
+    "during backward makes paddle abort the survivor unnamed (see docs/backends/paddle.md)",
     **LAUNCH_OPTION_DOCS,
 }
 _OPTIONS = "paddle_kwargs"
@@ -84,6 +87,7 @@ class DistPlan(_CorePlan):
     fleet: bool
     strategy: Any
     find_unused_parameters: bool
+    overlap: bool  # average the gradients in DataParallel's reducer during backward, else once per step after it
     spawn_store: tuple[str, int] | None = None
     """(address, port) of the store the parent of spawned processes hosts (``spawned`` only)."""
     gpus: tuple[int, ...] | None = None
@@ -161,6 +165,7 @@ def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: 
         backend=backend, **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=_OPTIONS), fleet=fleet,
         strategy=strategy, master=master, spawn_store=spawn_store, gpus=gpus,
         find_unused_parameters=bool_option(options, "find_unused_parameters", False, argument=_OPTIONS),
+        overlap=bool_option(options, "overlap", backend == "nccl", argument=_OPTIONS),
     )
 
 

@@ -7,14 +7,18 @@ already called. The model is wrapped in ``paddle.DataParallel`` (or
 ``fleet.distributed_model`` in fleet mode), which makes every process start from rank
 0's weights. Where this driver differs from the single-process one:
 
-- gradients are averaged over the processes once per optimizer step, just before it
-  (one all-reduce per dtype and bucket: the no_sync-then-all-reduce pattern paddle's own
-  trainers use for accumulation), not by DataParallel's reducer during backward. So
-  accumulation costs no communication, and a peer that dies during the exchange makes
-  the all-reduce raise an error here instead of aborting the process from inside
-  paddle's backward (which is what the reducer does on a gloo error);
-- forward and evaluation call the bare model, so evaluation may run different numbers
-  of batches on different processes;
+- ``paddle_kwargs['overlap']`` (default: on with nccl, off with gloo) says when gradients are
+  averaged. On: by DataParallel's reducer, bucket by bucket while backward still runs
+  (training calls arm it as DataParallel.forward would; DataParallel.no_sync() while
+  accumulating). Off: once per optimizer step, just before it (one all-reduce per dtype and
+  bucket, the no_sync-then-all-reduce pattern of paddle's own trainers), so accumulation
+  costs no communication and a peer that dies during the exchange makes the all-reduce
+  raise here. On gloo the reducer instead aborts this process from inside paddle's backward
+  (SIGABRT: paddle cannot turn gloo's exception into a Python one): a peer that raised or
+  stalled is still named (the watchdog reads its report, or times out, first), a killed one
+  is not, hence off with gloo (where the reducer gains no wall time: gloo blocks backward);
+- training calls go through the reducer only with overlap; evaluation always calls the bare
+  model, so evaluation may run different numbers of batches on different processes;
 - dataloaders are re-sampled so each rank takes its share of every global batch
   (training) or its own contiguous shard (evaluation);
 - a collective that fails because a peer died or stalled raises a
@@ -30,7 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+import sys
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -63,6 +69,8 @@ __all__ = ["DistributedError", "PaddleDataParallelDriver"]
 
 _COMM_MARKERS = (*COMM_ERROR_MARKERS, "timeout")  # paddle's gloo says TIMEOUT for a closed peer too
 _THEIRS = "the timeout of the parallel environment you initialised"
+_IN_BACKWARD = "backward (the gradient all-reduce in paddle.DataParallel's reducer)"
+_ABORT_GRACE = 3.0  # a peer that reported its failure exits within ~1 s (FailureBoard.all_failed's grace)
 
 
 class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
@@ -101,6 +109,7 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         self._guard = CollectiveGuard(plan.rank, plan.world_size, markers=_COMM_MARKERS, error_line=-1,
                                       silent_peer=self._silent_peer)
         self._group: Any = None  # the group gradients are averaged over (None: every process)
+        self._unchecked = plan.overlap and not plan.find_unused_parameters  # see step()
 
     # ------------------------------------------------------------------ lifecycle
     def _join(self) -> None:
@@ -115,8 +124,9 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
             self._group = fleet.get_hybrid_communicate_group().get_data_parallel_group()
         if self._dp is None and any(not p.stop_gradient for p in self.model.parameters()):
             with self._collective("wrapping the model in paddle.DataParallel (it copies rank 0's weights)"):
-                self._dp = fleet.distributed_model(self.model) if plan.fleet else paddle.DataParallel(self.model)
-        if self._dp is not None:
+                self._dp = fleet.distributed_model(self.model) if plan.fleet else paddle.DataParallel(
+                    self.model, find_unused_parameters=plan.find_unused_parameters and plan.overlap)
+        if self._dp is not None and not plan.overlap:
             self._dp.grad_need_sync = False  # gradients are averaged in step(), never by the reducer
         if plan.fleet:
             self.stepped_optimizers = [fleet.distributed_optimizer(optimizer) for optimizer in self.optimizers]
@@ -158,8 +168,10 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
             self._store = paddle_store(plan.master or master_address())
         self._store.connect_here()  # now, while every process (and the store's host) is alive
         self._guard.board = FailureBoard(self._store, plan.rank, plan.world_size)
+        # gloo's reducer aborts this process as soon as a failed peer exits: name it before then
+        aborts = {"peer_grace": 0.0, "on_expiry": _say_then_end} if plan.overlap and plan.backend == "gloo" else {}
         self._watch = Watchdog(plan.rank, plan.world_size, self._wait_limit(), limit=self._timeout_words(_THEIRS),
-                               peer_reports=self._guard.reports_now, on_start=self._store.connect_here)
+                               peer_reports=self._guard.reports_now, on_start=self._store.connect_here, **aborts)
         self._watch.start()
         self._guard.watch = self._watch.watch
 
@@ -178,15 +190,39 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
                     "it cannot be raised)")
         return f"another process did not answer within {self._timeout_words(_THEIRS)}"
 
+    # ---------------------------------------------------------------------- model
+    def get_model_call_fn(self, fn_name: str | None, default: str = "train_step") -> tuple[Callable, Callable]:
+        """With overlap, training calls arm DataParallel's reducer; evaluation always calls the bare model."""
+        fn, signature = super().get_model_call_fn(fn_name, default)
+        if default != "train_step" or self._dp is None or not self.plan.overlap:
+            return fn, signature
+        dp = self._dp
+
+        def armed(*args: Any, **kwargs: Any) -> Any:
+            # what DataParallel.forward does after the call; here for any method (train_step, train_fn=)
+            outputs = fn(*args, **kwargs)
+            if dp.grad_need_sync and paddle.is_grad_enabled():
+                dp._reducer.prepare_for_backward(list(dp._find_tensor(outputs)))
+            return outputs
+
+        return armed, signature
+
     # --------------------------------------------------------------- optimisation
     def no_sync(self) -> contextlib.AbstractContextManager:
-        """Nothing to suspend: gradients are averaged once per optimizer step, never during backward."""
-        return NULL_CONTEXT
+        """DataParallel's no_sync with overlap; else nothing: gradients are averaged once per step."""
+        return self._dp.no_sync() if self.plan.overlap and self._dp is not None else NULL_CONTEXT
+
+    def backward(self, loss: Any) -> None:
+        with self._collective(_IN_BACKWARD) if self.plan.overlap and self._dp is not None else NULL_CONTEXT:
+            super().backward(loss)
 
     def step(self) -> None:
-        if self._params:
+        if self._params and not self.plan.overlap:
             with self._collective("averaging the gradients (all_reduce before the optimizer step)"):
                 self._average_gradients()
+        elif self._unchecked:  # the reducer pairs unequal buckets silently: refuse before the first update
+            self._unchecked = False
+            self._check_same_gradients([p for p in self._params if p.grad is not None])
         super().step()
 
     def _average_gradients(self) -> None:
@@ -229,5 +265,15 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         return tensor.numpy()
 
     def _kind(self) -> str:
-        return f"PaddleDataParallelDriver, {'fleet collective' if self.plan.fleet else 'DataParallel'}"
+        overlap = ", gradients averaged during backward" if self.plan.overlap else ""
+        return f"PaddleDataParallelDriver, {'fleet collective' if self.plan.fleet else 'DataParallel'}{overlap}"
 
+
+def _say_then_end(message: str) -> None:
+    """The watchdog's end where gloo's reducer may abort this process: say why at once, then give the failed
+    peer time to print its traceback and exit (which aborts this process), and exit if that did not happen."""
+    sys.stdout.flush()
+    sys.stderr.write(f"drivetrain: DistributedError: {message}\n")
+    sys.stderr.flush()
+    time.sleep(_ABORT_GRACE)
+    os._exit(1)

@@ -1,12 +1,13 @@
 """The program the distributed paddle tests start (paddle's launcher, ``python _dist_script.py`` for the
 Trainer's own spawn, or two processes given paddle's variables by the test).
 
-    _dist_script.py train OUT PHASES [--nproc N] [--user-init] [--fleet] [--prefix] [--resume-from DIR]
-    _dist_script.py fail OUT MODE [--timeout S] [--victim R]
+    _dist_script.py train OUT PHASES [--nproc N] [--user-init] [--fleet] [--prefix] [--resume-from DIR] [--overlap on|off]
+    _dist_script.py fail OUT MODE [--timeout S] [--victim R] [--overlap on|off]
 
 ``train`` runs the comma-separated PHASES one after another in the same processes
 and writes ``OUT/<phase>-rank<r>.json`` per rank (final parameters, evaluation
-results, the sample indices each rank trained on per epoch, callback counts):
+results, the sample indices each rank trained on per epoch, callback counts, whether each backward ran with
+DataParallel's reducer armed); ``--overlap`` sets ``paddle_kwargs['overlap']``:
 
 - ``full``: the reference training (2 epochs, accumulation 2, ``train_step``) with an
   evaluation on an odd-sized set and a CheckpointCallback;
@@ -107,9 +108,14 @@ class Recorder(Callback):
     def __init__(self) -> None:
         self.seen: dict[str, list[int]] = {}
         self.counts = {"on_train_epoch_end": 0, "on_evaluate_end": 0}
+        self.synced: list[bool] = []
 
     def on_train_batch_begin(self, trainer, batch, indices) -> None:
         self.seen.setdefault(str(trainer.cur_epoch_idx), []).extend(int(i) for i in batch["idx"].numpy().ravel())
+
+    def on_before_backward(self, trainer, outputs) -> None:
+        dp = getattr(trainer.driver, "_dp", None)  # does this backward all-reduce in DataParallel's reducer?
+        self.synced.append(bool(dp is not None and dp.grad_need_sync))
 
     def on_train_epoch_end(self, trainer) -> None:
         self.counts["on_train_epoch_end"] += 1
@@ -175,7 +181,7 @@ def run_phase(phase: str, args: argparse.Namespace, launch: dict) -> None:
     result = {
         "rank": driver.rank, "world_size": driver.world_size, "driver": type(driver).__name__,
         "describe": driver.describe(), "params": params_of(model), "seen": recorder.seen,
-        "counts": recorder.counts, "zero_only": len(zero_calls), "pid": os.getpid(),
+        "counts": recorder.counts, "zero_only": len(zero_calls), "pid": os.getpid(), "synced": recorder.synced,
         "log_dir_in_cwd": os.path.isdir("log"),
     }
     if phase == "full":
@@ -222,7 +228,7 @@ def run_unused(args: argparse.Namespace) -> None:
         np.random.seed(0)
         trainer = Trainer(model, DataLoader(Points(16, seed=0), batch_size=4, shuffle=True),
                           paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters()), driver="paddle",
-                          n_epochs=1, progress_bar=None, paddle_kwargs={"find_unused_parameters": flag})
+                          n_epochs=1, progress_bar=None, paddle_kwargs={"find_unused_parameters": flag, **overlap(args)})
         try:
             trainer.run()
         except Exception as exc:  # noqa: BLE001 - recorded for the test
@@ -231,6 +237,11 @@ def run_unused(args: argparse.Namespace) -> None:
         result[str(flag)] = {"before": before, "after": params_of(model)}
     with open(os.path.join(args.out, f"unused-rank{paddle.distributed.get_rank()}.json"), "w") as f:
         json.dump(result, f)
+
+
+def overlap(args: argparse.Namespace) -> dict:
+    """``{"overlap": True/False}`` as ``--overlap on/off`` asks, or nothing (the default)."""
+    return {} if args.overlap is None else {"overlap": args.overlap == "on"}
 
 
 def train(args: argparse.Namespace) -> None:
@@ -242,6 +253,7 @@ def train(args: argparse.Namespace) -> None:
         paddle_kwargs["spawn_output"] = "prefix"
     if args.fleet:
         paddle_kwargs["fleet"] = True
+    paddle_kwargs.update(overlap(args))
     if paddle_kwargs:
         launch["paddle_kwargs"] = paddle_kwargs
     for phase in args.phases.split(","):
@@ -250,6 +262,8 @@ def train(args: argparse.Namespace) -> None:
             continue
         run_phase(phase, args, launch)
         launch.pop("paddle_kwargs", None)  # later phases reuse the parallel environment: no start-up options
+        if args.overlap is not None:
+            launch["paddle_kwargs"] = overlap(args)  # not a start-up option: every phase gets it
     print(f"rank-done {os.environ.get('PADDLE_TRAINER_ID', '0')}", flush=True)
 
 
@@ -280,7 +294,7 @@ def fail(args: argparse.Namespace) -> None:
     if args.mode == "early" and rank == "1":
         sys.exit(3)  # dies before reaching Trainer(...)
     model = make_net()
-    options: dict = {"paddle_kwargs": {"timeout": args.timeout}}
+    options: dict = {"paddle_kwargs": {"timeout": args.timeout, **overlap(args)}}
     if "PADDLE_TRAINERS_NUM" not in os.environ:
         options["nproc"] = 2
     trainer = Trainer(model, DataLoader(Points(400, seed=0), batch_size=2, shuffle=True),
@@ -301,7 +315,8 @@ def main() -> None:
     t.add_argument("--fleet", action="store_true")
     t.add_argument("--prefix", action="store_true")
     t.add_argument("--resume-from")
-    f = sub.add_parser("fail")
+    for p in (t, f := sub.add_parser("fail")):
+        p.add_argument("--overlap", choices=("on", "off"), help="paddle_kwargs['overlap'] (default: the driver's)")
     f.add_argument("out")
     f.add_argument("mode", choices=("raise", "stall", "mark", "early"))
     f.add_argument("--victim", type=int, default=1)

@@ -151,6 +151,7 @@ def test_an_incomplete_launcher_environment_is_explained(monkeypatch, env, fragm
         ({"backend": "mpi"}, "paddle_kwargs['backend']='mpi' is not accepted; use one of ['gloo', 'nccl']"),
         ({"backend": "nccl"}, "the backend is 'nccl', which needs GPUs"),
         ({"fleet": "yes"}, "paddle_kwargs['fleet']='yes' must be True or False"),
+        ({"overlap": 1}, "paddle_kwargs['overlap']=1 must be True or False"),
         ({"strategy": object()}, "is not a paddle.distributed.fleet.DistributedStrategy"),
         ({"spawn_output": "files"}, "paddle_kwargs['spawn_output']='files' is not accepted"),
         ({"to_static": True}, "paddle_kwargs['to_static']=True is not supported by the distributed paddle driver"),
@@ -175,6 +176,13 @@ def test_a_fleet_strategy_needs_fleet_and_data_parallelism_only(launched) -> Non
                                           r"parallelism only"):
         _driver(framework_kwargs={"fleet": True, "strategy": strategy})
     assert _driver(framework_kwargs={"fleet": True, "strategy": fleet.DistributedStrategy()}).plan.fleet
+
+
+def test_gradients_overlap_backward_by_default_only_with_nccl(launched) -> None:
+    """gloo: averaged after backward (a peer killed during paddle's reducer would abort this process unnamed)."""
+    launched()
+    assert not _driver().plan.overlap
+    assert _driver(framework_kwargs={"overlap": True}).plan.overlap
 
 
 def test_distributed_options_in_one_process_say_where_they_apply(model) -> None:
