@@ -55,6 +55,9 @@ class Driver(abc.ABC):
     capabilities: Capabilities = Capabilities()
     default_forward_name: str = "forward"
     """Name of the framework's forward method (``forward`` in torch, ``execute`` in jittor)."""
+    checkpoint_format: str | None = None
+    """The driver name checkpoints are written and accepted under when several drivers share one format (the
+    torch FSDP driver writes and reads the torch drivers' ``"torch"`` checkpoints); None: :attr:`name`."""
     grad_norm: Any = None
     """The total gradient norm the last :meth:`step` computed while clipping by norm (None otherwise); the run
     recorder takes it (and sets it back to None) to log ``train/grad_norm``."""
@@ -392,6 +395,12 @@ class Driver(abc.ABC):
     # ------------------------------------------------- training state (checkpoints)
     # Nested structures below may hold framework tensors anywhere (``is_tensor`` finds
     # them); the core stores those tensors with ``save_tensors`` and the rest as JSON.
+    def gathering_state(self) -> contextlib.AbstractContextManager:
+        """Entered by every process around a save, before rank 0 alone reads :meth:`model_state` and
+        :meth:`optimizer_states`. A driver whose state is sharded over the processes gathers it here (a
+        collective every process joins) and serves rank 0 that copy until the context exits; default: nothing."""
+        return contextlib.nullcontext()
+
     def optimizer_states(self) -> list[Any]:
         """One nested state per optimizer, in order; names must survive rebuilding the model."""
         return [self._optimizer_state(opt, f"optimizer_states()[{i}]") for i, opt in enumerate(self.optimizers)]

@@ -11,7 +11,7 @@ function. Building the hook imports no framework, so the plugin module stays lig
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._driver import Capabilities
@@ -19,13 +19,16 @@ from ._plugins import DriverSpec, hookimpl
 
 
 def driver_specs_hook(name: str, capabilities: Capabilities, *, contract_versions: tuple[int, ...],
+                      variants: Mapping[str, Mapping[str, Any]] | None = None,
                       **fields: Any) -> Callable[[], list[DriverSpec]]:
     """A ``drivetrain_driver_specs`` hook returning the one conventional DriverSpec of backend ``name``.
 
     Assign it in the plugin module under that name (``drivetrain_driver_specs = driver_specs_hook(...)``).
     ``contract_versions`` is the literal tuple this release implements (never ``CONTRACT_VERSION``,
     which follows the core); ``fields`` set or override any other :class:`DriverSpec` field
-    (``install``, ``seed_function``, ``framework``, ``model_modules``, ...).
+    (``install``, ``seed_function``, ``framework``, ``model_modules``, ...). ``variants`` names further drivers
+    of the same package (``{"torch_fsdp": {"factory": ..., "capabilities": ...}}``): each copies the main
+    spec with its own fields, claims no model for ``driver="auto"`` and has no testing kit unless it says so.
     """
     package = f"drivetrain_{name}"
     framework = fields.get("framework", name)
@@ -44,6 +47,8 @@ def driver_specs_hook(name: str, capabilities: Capabilities, *, contract_version
     @hookimpl
     def drivetrain_driver_specs() -> list[DriverSpec]:
         """The backend's driver description; its factory is imported only when the driver is chosen."""
-        return [DriverSpec(**values)]
+        return [DriverSpec(**values)] + [
+            DriverSpec(**{**values, "name": variant, "model_modules": (), "testing_kit": None, **extra})
+            for variant, extra in (variants or {}).items()]
 
     return drivetrain_driver_specs

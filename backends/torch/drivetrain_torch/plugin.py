@@ -30,9 +30,27 @@ CAPABILITIES = Capabilities(
 )
 
 
+FSDP_CAPABILITIES = Capabilities(
+    precisions=("fp32", "fp16", "bf16"),
+    distributed=("fsdp",),
+    devices=("cpu", "cuda"),
+    notes={
+        "distributed": "torch FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over the "
+        "processes (gloo on CPU, nccl on CUDA), started like driver='torch' distributed (torchrun, nproc=N, "
+        "device=[0, 1], or your own process group); options in torch_fsdp_kwargs (wrap, mixed_precision, "
+        "cpu_offload, activation_checkpointing, reshard_after_forward).",
+        "bf16": "parameters gathered in bfloat16 for forward/backward (MixedPrecisionPolicy), gradients reduced "
+        "in fp32, plus torch.autocast.",
+        "serialization": "Checkpoints are the torch drivers' (safetensors + JSON, no pickle), gathered to rank 0: "
+        "they load at any world size and into driver='torch'.",
+    },
+)
+
 # contract_versions: what this release implements; never CONTRACT_VERSION (that follows the core)
 drivetrain_driver_specs = driver_specs_hook(
-    "torch", CAPABILITIES, contract_versions=(1,), seed_function="torch:manual_seed"
+    "torch", CAPABILITIES, contract_versions=(1,), seed_function="torch:manual_seed",
+    variants={"torch_fsdp": {"factory": "drivetrain_torch.factory:create_fsdp_driver",
+                             "capabilities": FSDP_CAPABILITIES}},
 )
 """The torch driver's description (``seed_everything`` calls ``torch.manual_seed``, which seeds every CUDA device
 too, once torch is imported)."""

@@ -33,14 +33,15 @@ def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool
     callback_states = trainer.callback_manager.states(trainer)
     mine = process_state(driver)
     processes = driver.all_gather_object(mine) if driver.is_distributed() else [mine]
-    if driver.is_global_zero:
-        sampler = trainer._sampler
-        files, manifest = build_checkpoint(
-            driver, trainer._position(), callback_states=callback_states,
-            sampler_state=None if sampler is None else sampler.state_dict(),
-            process_states=processes, allow_pickle=allow_pickle, extra=_loop_settings(trainer),
-        )
-        write_checkpoint(path, files, manifest)
+    with driver.gathering_state():  # every rank: a sharding driver gathers its state for rank 0 here
+        if driver.is_global_zero:
+            sampler = trainer._sampler
+            files, manifest = build_checkpoint(
+                driver, trainer._position(), callback_states=callback_states,
+                sampler_state=None if sampler is None else sampler.state_dict(),
+                process_states=processes, allow_pickle=allow_pickle, extra=_loop_settings(trainer),
+            )
+            write_checkpoint(path, files, manifest)
     driver.barrier()
     return path
 
@@ -88,9 +89,10 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
 def save_model(trainer: Trainer, folder: str | os.PathLike) -> str:
     """Write the model's weights as the folder ``folder``; returns the weights file's path."""
     path = os.path.abspath(os.fspath(folder))
-    if trainer.driver.is_global_zero:
-        files, manifest = build_model_checkpoint(trainer.driver)
-        write_checkpoint(path, files, manifest)
+    with trainer.driver.gathering_state():
+        if trainer.driver.is_global_zero:
+            files, manifest = build_model_checkpoint(trainer.driver)
+            write_checkpoint(path, files, manifest)
     trainer.fire("on_save_model")
     trainer.driver.barrier()
     return os.path.join(path, MODEL_FILE)

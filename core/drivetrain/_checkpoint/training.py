@@ -43,6 +43,11 @@ class Position:
     consumed_samples: int | None
 
 
+def format_name(driver: Driver) -> str:
+    """The driver name a checkpoint records and must match (shared by drivers of one format)."""
+    return driver.checkpoint_format or driver.name
+
+
 def process_state(driver: Driver) -> dict[str, Any]:
     """What differs between processes: random generators and gradients not yet synchronised."""
     return {"host_rng": capture_host_rng(), "framework_rng": driver.rng_state(),
@@ -93,7 +98,7 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
         files[PICKLE_FILE] = pickle.dumps(pickled)
     manifest: dict[str, Any] = {
         "drivetrain_version": __version__,
-        "driver": driver.name,
+        "driver": format_name(driver),
         "framework_version": driver.framework_version(),
         "kind": "trainer",
         "pickle": bool(pickled),
@@ -105,7 +110,7 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
 def build_model_checkpoint(driver: Driver) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """A weights-only folder: the model file and a manifest of kind ``model``."""
     files: dict[str, FileContent] = {MODEL_FILE: driver.tensor_file(driver.model_state())}
-    manifest: dict[str, Any] = {"drivetrain_version": __version__, "driver": driver.name,
+    manifest: dict[str, Any] = {"drivetrain_version": __version__, "driver": format_name(driver),
                 "framework_version": driver.framework_version(), "kind": "model", "pickle": False}
     return files, manifest
 
@@ -122,7 +127,7 @@ def decode_checkpoint(loaded: LoadedCheckpoint, driver: Driver, allow_pickle: bo
     """Parse a verified checkpoint fully in memory (only the weights when ``model_only``); nothing is applied yet."""
     manifest = loaded.manifest
     where = loaded.folder
-    if manifest.get("driver") != driver.name:
+    if manifest.get("driver") != format_name(driver):
         raise CheckpointError(
             f"{where} was written by driver {manifest.get('driver')!r} but this trainer uses {driver.name!r}; "
             "load it with the same framework's driver."

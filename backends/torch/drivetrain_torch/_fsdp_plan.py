@@ -1,0 +1,164 @@
+"""Which process layout ``driver="torch_fsdp"`` asks for, and its sharding options, checked up front.
+
+The layout is decided as for the DDP driver (:mod:`._dist_plan`: torchrun's environment,
+``nproc=``/``device=[...]``, or a process group the user initialised); the options come
+from ``torch_fsdp_kwargs`` and are checked here, when the Trainer is built, so a bad one
+fails before any process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from drivetrain.backend import (
+    LAUNCH_OPTION_DOCS,
+    SPAWN_PARENT_ENV,
+    DriverError,
+    LauncherEnv,
+    bool_option,
+    check_layout_arguments,
+    check_process_count,
+    env_int,
+    env_master,
+    plan_options,
+    process_group_backend,
+    read_launcher_env,
+    refuse_late_options,
+)
+
+from ._dist_plan import _TORCHRUN_HINT, DEFAULT_TIMEOUT, DEVICES, TORCHRUN, DistPlan
+
+OPTIONS = "torch_fsdp_kwargs"
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+FSDP_KWARGS = {
+    "wrap": "which submodules fully_shard makes blocks of (each gathers its parameters only around its own "
+    "forward/backward): a list of class names or classes, or a callable(name, module) -> bool; default: "
+    "transformer-like blocks (items of an nn.ModuleList, classes whose names end in 'Layer' or 'Block'), "
+    "else the whole model as one block",
+    "mixed_precision": "'bf16', 'fp16' or 'fp32': the dtype of the gathered parameters in forward/backward, "
+    "gradients reduced in fp32 (default: the Trainer's precision); or a "
+    "torch.distributed.fsdp.MixedPrecisionPolicy",
+    "cpu_offload": "bool (default False): keep the sharded parameters, gradients and optimizer state in CPU "
+    "memory (CPUOffloadPolicy); the model must be on a GPU",
+    "activation_checkpointing": "bool (default False): recompute each block's activations in backward instead "
+    "of keeping them (needs blocks: see 'wrap')",
+    "reshard_after_forward": "bool (default True): free each block's gathered parameters after its forward "
+    "(gathered again in backward); False keeps them, trading memory for one all-gather less",
+    "timeout": "seconds (default 60): how long a collective waits for the other processes (the start-up at "
+    "least 60 s); also the bound on how long a process outlives a failed or stuck peer",
+    "backend": "'gloo' or 'nccl' (default: gloo on CPU, nccl on CUDA)",
+    **LAUNCH_OPTION_DOCS,
+}
+
+WrapPolicy = Callable[[str, torch.nn.Module], bool]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FSDPPlan(DistPlan):
+    """The DDP plan plus the sharding options (``wrap`` is None for the default block rule)."""
+
+    wrap: tuple[Any, ...] | WrapPolicy | None = None
+    mixed_precision: Any = None
+    cpu_offload: bool = False
+    activation_checkpointing: bool = False
+    reshard_after_forward: bool = True
+
+
+def plan_fsdp(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> FSDPPlan:
+    """The layout of a ``torch_fsdp`` run; one process is refused (there is nothing to shard over)."""
+    check_layout_arguments(nproc, device)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise DriverError(
+            "driver='torch_fsdp' shards the model itself, but the model is a DistributedDataParallel; pass the "
+            "bare module (model.module), or use driver='torch' to train with your DDP wrapper."
+        )
+    from torch import distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return _existing_plan(model, device, nproc, options)
+    launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model, spawned=SPAWN_PARENT_ENV in os.environ)
+    if launch is None:
+        raise DriverError(
+            f"driver='torch_fsdp' shards the model over several processes, but this run is one process "
+            f"(device={device!r}, nproc={nproc!r}); pass nproc=N (CPU) or device=[0, 1] (GPUs), start the "
+            "script with torchrun --nproc_per_node N, or use driver='torch' for one process."
+        )
+    return _make_plan(*launch, model, options)
+
+
+def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> FSDPPlan:
+    from torch import distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    check_process_count(nproc, world, "the world size of the process group you initialised", start=TORCHRUN.start)
+    refuse_late_options(options, ("timeout", "backend"), argument=OPTIONS,
+                        initialised="torch.distributed.init_process_group")
+    env = LauncherEnv(rank, world, env_int("LOCAL_RANK", rank, hint=_TORCHRUN_HINT),
+                      env_int("LOCAL_WORLD_SIZE", world, hint=_TORCHRUN_HINT))
+    if device is None:
+        device = DEVICES.default(model)
+    return _make_plan("existing", device, env, model, options, backend=str(dist.get_backend()))
+
+
+def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],
+               backend: str | None = None) -> FSDPPlan:
+    master = env_master(hint=_TORCHRUN_HINT) if launch in ("env", "spawned") else None
+    resolved = DEVICES.for_rank(device, model, env.local_rank, env.local_world_size)
+    if backend is None:
+        backend = process_group_backend(options, argument=OPTIONS, on_gpu=resolved.type == "cuda", device=device,
+                                        where=resolved)
+    offload = bool_option(options, "cpu_offload", False, argument=OPTIONS)
+    if offload and resolved.type != "cuda":
+        raise DriverError(
+            f"{OPTIONS}['cpu_offload']=True moves the shards from the GPU to CPU memory, but this process trains on "
+            f"{resolved}; remove it (on the CPU the shards already are in CPU memory), or train on GPUs."
+        )
+    return FSDPPlan(
+        launch=launch, world_size=env.world_size, rank=env.rank, local_rank=env.local_rank, device=resolved,
+        backend=backend, **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=OPTIONS),
+        ddp_kwargs={}, master=master, wrap=_wrap_option(options.get("wrap"), model),
+        mixed_precision=_precision_option(options.get("mixed_precision")), cpu_offload=offload,
+        activation_checkpointing=bool_option(options, "activation_checkpointing", False, argument=OPTIONS),
+        reshard_after_forward=bool_option(options, "reshard_after_forward", True, argument=OPTIONS),
+    )
+
+
+# ----------------------------------------------------------------------------- options
+def _wrap_option(wrap: Any, model: torch.nn.Module) -> tuple[Any, ...] | WrapPolicy | None:
+    """``wrap`` checked: None, a callable, or class names / classes each naming a submodule of ``model``."""
+    if wrap is None or callable(wrap) and not isinstance(wrap, type):
+        return wrap
+    items = (wrap,) if isinstance(wrap, (str, type)) else wrap
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, (str, type)) for i in items):
+        raise DriverError(
+            f"{OPTIONS}['wrap']={wrap!r}: give a list of module class names (e.g. ['DecoderLayer']) or classes, "
+            "or a callable(name, module) -> bool."
+        )
+    present = {type(m).__name__ for m in model.modules()}
+    absent = [i for i in items if (i if isinstance(i, str) else i.__name__) not in present]
+    if absent:
+        raise DriverError(
+            f"{OPTIONS}['wrap'] names {absent}, but the model has no submodule of that class; its classes are "
+            f"{sorted(present)}. List the classes of its repeated blocks (e.g. the decoder layer)."
+        )
+    return tuple(items)
+
+
+def _precision_option(value: Any) -> Any:
+    if value is None or value in PRECISIONS:
+        return value
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if isinstance(value, MixedPrecisionPolicy):
+        return value
+    raise DriverError(
+        f"{OPTIONS}['mixed_precision']={value!r}: use 'bf16', 'fp16' or 'fp32' (parameters in that dtype, "
+        "gradients reduced in fp32), a torch.distributed.fsdp.MixedPrecisionPolicy, or leave it out to follow "
+        "the Trainer's precision."
+    )
