@@ -89,18 +89,38 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
 
 
 # ----------------------------------------------------------------------------- layouts
-def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan:
+def existing_group(nproc: Any, options: Mapping[str, Any], argument: str) -> tuple[LauncherEnv, str]:
+    """This process's place and the backend of the process group the user initialised, checked against ``nproc``
+    (options that only apply when drivetrain starts the group are refused under ``argument``)."""
     from torch import distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
     check_process_count(nproc, world, "the world size of the process group you initialised", start=TORCHRUN.start)
-    refuse_late_options(options, ("timeout", "backend"), argument=_OPTIONS,
+    refuse_late_options(options, ("timeout", "backend"), argument=argument,
                         initialised="torch.distributed.init_process_group")
     env = LauncherEnv(rank, world, _env_int("LOCAL_RANK", rank), _env_int("LOCAL_WORLD_SIZE", world))
+    return env, str(dist.get_backend())
+
+
+def plan_fields(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any], *,
+                argument: str, backend: str | None = None) -> dict[str, Any]:
+    """The fields every torch distributed plan has (DDP's and FSDP's): device, backend, rendezvous, options."""
+    master = env_master(hint=_TORCHRUN_HINT) if launch in ("env", "spawned") else None
+    resolved = DEVICES.for_rank(device, model, env.local_rank, env.local_world_size)
+    if backend is None:
+        backend = process_group_backend(options, argument=argument, on_gpu=resolved.type == "cuda", device=device,
+                                        where=resolved)
+    return {"launch": launch, "world_size": env.world_size, "rank": env.rank, "local_rank": env.local_rank,
+            "device": resolved, "backend": backend, "master": master,
+            **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=argument)}
+
+
+def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan:
+    env, backend = existing_group(nproc, options, _OPTIONS)
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     if device is None:
         device = DEVICES.default(inner)
-    plan = _make_plan("existing", device, env, inner, options, backend=str(dist.get_backend()))
+    plan = _make_plan("existing", device, env, inner, options, backend=backend)
     if inner is not model:
         where = model_device(inner)
         if where.type != plan.device.type or (where.type == "cuda" and where.index != plan.device.index):
@@ -113,17 +133,10 @@ def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, An
 
 def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],
                backend: str | None = None) -> DistPlan:
-    master = env_master(hint=_TORCHRUN_HINT) if launch in ("env", "spawned") else None
-    resolved = DEVICES.for_rank(device, model, env.local_rank, env.local_world_size)
-    if backend is None:
-        backend = process_group_backend(options, argument=_OPTIONS, on_gpu=resolved.type == "cuda", device=device,
-                                        where=resolved)
     return DistPlan(
-        launch=launch, world_size=env.world_size, rank=env.rank, local_rank=env.local_rank, device=resolved,
-        backend=backend, **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=_OPTIONS),
+        **plan_fields(launch, device, env, model, options, argument=_OPTIONS, backend=backend),
         ddp_kwargs=wrapper_options(options, "ddp_kwargs", argument=_OPTIONS, wrapper="DistributedDataParallel",
                                    accepted=_ddp_accepted(), reserved=_DDP_RESERVED),
-        master=master,
     )
 
 

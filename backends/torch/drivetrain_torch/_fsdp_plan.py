@@ -22,16 +22,10 @@ from drivetrain.backend import (
     LauncherEnv,
     bool_option,
     check_layout_arguments,
-    check_process_count,
-    env_int,
-    env_master,
-    plan_options,
-    process_group_backend,
     read_launcher_env,
-    refuse_late_options,
 )
 
-from ._dist_plan import _TORCHRUN_HINT, DEFAULT_TIMEOUT, DEVICES, TORCHRUN, DistPlan
+from ._dist_plan import DEVICES, DIST_KWARGS, TORCHRUN, DistPlan, existing_group, plan_fields
 
 OPTIONS = "torch_fsdp_kwargs"
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -50,9 +44,7 @@ FSDP_KWARGS = {
     "of keeping them (needs blocks: see 'wrap')",
     "reshard_after_forward": "bool (default True): free each block's gathered parameters after its forward "
     "(gathered again in backward); False keeps them, trading memory for one all-gather less",
-    "timeout": "seconds (default 60): how long a collective waits for the other processes (the start-up at "
-    "least 60 s); also the bound on how long a process outlives a failed or stuck peer",
-    "backend": "'gloo' or 'nccl' (default: gloo on CPU, nccl on CUDA)",
+    **{name: DIST_KWARGS[name] for name in ("timeout", "backend")},
     **LAUNCH_OPTION_DOCS,
 }
 
@@ -81,7 +73,9 @@ def plan_fsdp(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -
     from torch import distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return _existing_plan(model, device, nproc, options)
+        env, backend = existing_group(nproc, options, OPTIONS)
+        return _make_plan("existing", DEVICES.default(model) if device is None else device, env, model, options,
+                          backend=backend)
     launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model, spawned=SPAWN_PARENT_ENV in os.environ)
     if launch is None:
         raise DriverError(
@@ -92,37 +86,17 @@ def plan_fsdp(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -
     return _make_plan(*launch, model, options)
 
 
-def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> FSDPPlan:
-    from torch import distributed as dist
-
-    world, rank = dist.get_world_size(), dist.get_rank()
-    check_process_count(nproc, world, "the world size of the process group you initialised", start=TORCHRUN.start)
-    refuse_late_options(options, ("timeout", "backend"), argument=OPTIONS,
-                        initialised="torch.distributed.init_process_group")
-    env = LauncherEnv(rank, world, env_int("LOCAL_RANK", rank, hint=_TORCHRUN_HINT),
-                      env_int("LOCAL_WORLD_SIZE", world, hint=_TORCHRUN_HINT))
-    if device is None:
-        device = DEVICES.default(model)
-    return _make_plan("existing", device, env, model, options, backend=str(dist.get_backend()))
-
-
 def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],
                backend: str | None = None) -> FSDPPlan:
-    master = env_master(hint=_TORCHRUN_HINT) if launch in ("env", "spawned") else None
-    resolved = DEVICES.for_rank(device, model, env.local_rank, env.local_world_size)
-    if backend is None:
-        backend = process_group_backend(options, argument=OPTIONS, on_gpu=resolved.type == "cuda", device=device,
-                                        where=resolved)
+    fields = plan_fields(launch, device, env, model, options, argument=OPTIONS, backend=backend)
     offload = bool_option(options, "cpu_offload", False, argument=OPTIONS)
-    if offload and resolved.type != "cuda":
+    if offload and fields["device"].type != "cuda":
         raise DriverError(
             f"{OPTIONS}['cpu_offload']=True moves the shards from the GPU to CPU memory, but this process trains on "
-            f"{resolved}; remove it (on the CPU the shards already are in CPU memory), or train on GPUs."
+            f"{fields['device']}; remove it (on the CPU the shards already are in CPU memory), or train on GPUs."
         )
     return FSDPPlan(
-        launch=launch, world_size=env.world_size, rank=env.rank, local_rank=env.local_rank, device=resolved,
-        backend=backend, **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=OPTIONS),
-        ddp_kwargs={}, master=master, wrap=_wrap_option(options.get("wrap"), model),
+        **fields, ddp_kwargs={}, wrap=_wrap_option(options.get("wrap"), model),
         mixed_precision=_precision_option(options.get("mixed_precision")), cpu_offload=offload,
         activation_checkpointing=bool_option(options, "activation_checkpointing", False, argument=OPTIONS),
         reshard_after_forward=bool_option(options, "reshard_after_forward", True, argument=OPTIONS),
