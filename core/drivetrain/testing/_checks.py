@@ -226,7 +226,7 @@ def grad_clip_bounds_the_update(kit: BackendKit) -> None:
     # an lr=1 SGD step moves the parameters by the gradient: its norm is the norm clipping saw
     norm = clipped.grad_norm
     expect(norm is not None, "after a step that clipped by norm, driver.grad_norm is None; set it in step()")
-    norm = float(np.asarray(norm if isinstance(norm, (int, float)) else clipped.tensor_to_numpy(norm)))
+    norm = float(np.asarray(norm if isinstance(norm, (int, float)) else clipped.tensor_to_numpy(norm)).reshape(-1)[0])
     expect(abs(norm - moved_free) <= 1e-4 * moved_free,
            f"driver.grad_norm {norm} is not the gradient norm before clipping ({moved_free})")
     expect(free.grad_norm is None, f"driver.grad_norm is {free.grad_norm!r} after a step without clipping")
