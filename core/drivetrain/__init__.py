@@ -7,6 +7,7 @@ only when its driver is chosen (``Trainer(..., driver="torch")``).
 from ._callbacks import Callback, CallbackError, rank_zero_only
 from ._callbacks_lib import CheckpointCallback, EarlyStopCallback, LRSchedulerCallback, WarmupSchedule
 from ._checkpoint import CheckpointError, StateEncodingError
+from ._checkpoint.export import export_weights
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import (
     BatchMismatchError,
@@ -63,6 +64,7 @@ __all__ = [
     "WarmupSchedule",
     "__version__",
     "available_drivers",
+    "export_weights",
     "hookimpl",
     "load_predictions",
     "predict",

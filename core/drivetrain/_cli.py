@@ -5,6 +5,7 @@
 plugins that were refused; ``drivetrain backends --check NAME`` runs the conformance checks
 of ``drivetrain.testing`` on one installed backend and prints a pass/fail table per group.
 ``drivetrain plot RUN_DIR ... [-o curves.png]`` draws the curves of one or several run records.
+``drivetrain export CKPT [-o model.safetensors]`` writes a checkpoint's model weights as one safetensors file.
 """
 
 from __future__ import annotations
@@ -99,12 +100,35 @@ def main(argv: list[str] | None = None) -> int:
                           "(several folders: overlaid)")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a folder holding metrics.jsonl or metrics.csv")
     plot.add_argument("-o", "--output", default="curves.png", help="the image to write (default: curves.png)")
+    export = sub.add_parser("export", help="write the model weights of a checkpoint as one safetensors file "
+                            "(names as the model's state_dict keys)")
+    export.add_argument("checkpoint", metavar="CKPT", help="a checkpoint or save_model folder, or a folder of "
+                        "checkpoints (the newest is taken)")
+    export.add_argument("-o", "--output", default="model.safetensors",
+                        help="the file to write, or a folder to write model.safetensors into "
+                        "(default: model.safetensors)")
     args = parser.parse_args(argv)
     if args.command == "backends":
         return _check(args.check, sys.stdout) if args.check else _backends(sys.stdout)
     if args.command == "plot":
         return _plot(args.run_dirs, args.output, sys.stdout)
+    if args.command == "export":
+        return _export(args.checkpoint, args.output, sys.stdout)
     return 2
+
+
+def _export(checkpoint: str, output: str, out: TextIO) -> int:
+    from ._checkpoint.export import export_weights
+    from ._errors import DrivetrainError
+
+    try:
+        path = export_weights(checkpoint, output)
+    except (DrivetrainError, OSError, ValueError) as exc:
+        message = str(exc).replace("export_weights(checkpoint=", "CKPT (").replace("export_weights(out=", "-o (")
+        print(f"drivetrain export: {message}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}", file=out)
+    return 0
 
 
 def _plot(run_dirs: list[str], output: str, out: TextIO) -> int:

@@ -1,0 +1,153 @@
+"""``export_weights``: the model of a checkpoint as one plain safetensors file, for inference elsewhere.
+
+Why: a checkpoint folder holds the weights beside optimizer state and a manifest; a user
+serving the model wants one file that ``model.load_state_dict(safetensors.torch.load_file(f))``
+or Hugging Face's ``from_pretrained`` (on a folder with the config) reads. The model file of
+every backend already uses the model's ``state_dict`` names, so exporting means: verify the
+manifest and the file's sha256, check the safetensors header, and copy the tensors into a new
+file written atomically. Framework-free (the header is parsed here, the data copied from a
+memory map), so it works for every backend's checkpoints; nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+from typing import Any
+
+from .._io import atomic_write
+from . import safetensors_writer
+from .folder import MANIFEST, CheckpointError, list_checkpoints, read_manifest
+from .training import MODEL_FILE
+
+_HEADER_LIMIT = 100 << 20
+"""Largest safetensors header accepted (the format's own readers refuse larger ones too)."""
+_HASH_CHUNK = 8 << 20
+
+
+def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str:
+    """Write the model weights of ``checkpoint`` as the single safetensors file ``out``; return its path.
+
+    ``checkpoint`` is a folder written by ``Trainer.save_checkpoint``, ``CheckpointCallback`` or
+    ``Trainer.save_model``, or a folder holding such checkpoints (the newest is taken). ``out`` is
+    the file to write, or an existing folder (``model.safetensors`` is written inside it, the name
+    ``from_pretrained`` looks for). Tensor names are the model's ``state_dict`` keys. The file's
+    checksum is verified before anything is read; ``out`` is replaced only once complete.
+    """
+    folder = _checkpoint_folder(checkpoint)
+    manifest = read_manifest(folder)
+    source = os.path.join(folder, MODEL_FILE)
+    _verify(folder, manifest)
+    target = os.path.abspath(os.fspath(out))
+    if os.path.isdir(target):
+        target = os.path.join(target, MODEL_FILE)
+    if not os.path.isdir(os.path.dirname(target)):
+        raise FileNotFoundError(f"export_weights(out={os.fspath(out)!r}): the folder {os.path.dirname(target)!r} "
+                                "does not exist; create it first or pass another output path.")
+    if os.path.exists(target) and os.path.samefile(target, source):
+        raise ValueError(f"export_weights(out={os.fspath(out)!r}) is the checkpoint's own model file; "
+                         "pass a path outside the checkpoint folder.")
+    with open(source, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        entries, metadata = _read_entries(source, memoryview(data))
+        metadata = {**metadata, **_export_metadata(manifest, folder)}
+        def write(tmp: str) -> None:
+            safetensors_writer.write_file(tmp, entries, metadata, durable=False)
+
+        atomic_write(target, write)
+    finally:
+        entries = []
+        try:
+            data.close()
+        except BufferError:  # views still held by an exception's traceback: the map closes when they go
+            pass
+    return target
+
+
+def _checkpoint_folder(checkpoint: str | os.PathLike) -> str:
+    """The checkpoint folder ``checkpoint`` names: itself, or the newest complete checkpoint inside it."""
+    path = os.path.abspath(os.fspath(checkpoint))
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"export_weights(checkpoint={os.fspath(checkpoint)!r}): no such file or folder; "
+                                "pass a folder written by save_checkpoint, save_model or CheckpointCallback.")
+    if os.path.isfile(path):
+        raise CheckpointError(f"export_weights(checkpoint={os.fspath(checkpoint)!r}) is a file; pass the checkpoint "
+                              f"folder that holds {MANIFEST} and {MODEL_FILE} (a bare .safetensors file is "
+                              "already exported).")
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return path
+    found = [folder for folder, manifest in list_checkpoints(path) if MODEL_FILE in manifest.get("files", {})]
+    if not found:
+        raise CheckpointError(f"export_weights(checkpoint={os.fspath(checkpoint)!r}): {path} holds no {MANIFEST} "
+                              "and no complete checkpoint folder; pass a folder written by save_checkpoint, "
+                              "save_model or CheckpointCallback.")
+    return found[-1]
+
+
+def _verify(folder: str, manifest: dict[str, Any]) -> None:
+    """Size and sha256 of the model file against the manifest, streamed (the weights may exceed memory)."""
+    record = manifest["files"].get(MODEL_FILE)
+    path = os.path.join(folder, MODEL_FILE)
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{folder}: the manifest lists no {MODEL_FILE}; this checkpoint holds no model weights.")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} is missing; the checkpoint {folder} is incomplete.")
+    size = os.path.getsize(path)
+    if size != record.get("size") or size < 8:
+        raise CheckpointError(f"{path} is damaged: {size} bytes where the manifest says {record.get('size')} "
+                              "(truncated?). Export an earlier checkpoint.")
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    if digest.hexdigest() != record.get("sha256"):
+        raise CheckpointError(f"{path} is damaged: its sha256 does not match the manifest. Export an earlier "
+                              "checkpoint.")
+
+
+def _read_entries(path: str, data: memoryview) -> tuple[list[safetensors_writer.TensorEntry], dict[str, str]]:
+    """The tensors of a safetensors file as views into ``data``, and its metadata; the header is checked."""
+    def damaged(why: str) -> CheckpointError:
+        return CheckpointError(f"{path} is not a readable safetensors file: {why}.")
+
+    if data.nbytes < 8:
+        raise damaged("shorter than its 8-byte header size")
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > min(_HEADER_LIMIT, data.nbytes - 8):
+        raise damaged(f"header size {length} exceeds the file")
+    try:
+        header = json.loads(bytes(data[8:8 + length]))
+    except ValueError as exc:
+        raise damaged(f"its header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise damaged("its header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    body = data[8 + length:]
+    entries: list[safetensors_writer.TensorEntry] = []
+    for name, info in header.items():
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+            expected = safetensors_writer.ITEM_SIZES[dtype]
+            for n in shape:
+                expected *= n
+        except (KeyError, TypeError, ValueError):
+            raise damaged(f"entry {name!r} has no valid dtype, shape and data_offsets") from None
+        if not (0 <= begin <= end <= body.nbytes) or end - begin != expected:
+            raise damaged(f"entry {name!r} has data offsets {[begin, end]} that do not fit its shape or the file")
+        entries.append((name, dtype, shape, body[begin:end]))
+    if not isinstance(metadata, dict):
+        raise damaged("its __metadata__ is not an object")
+    return entries, metadata
+
+
+def _export_metadata(manifest: dict[str, Any], folder: str) -> dict[str, str]:
+    """What the exported file records: ``format`` ("pt" for torch, which ``from_pretrained`` requires) and origin."""
+    driver = str(manifest.get("driver", ""))
+    meta = {"drivetrain_driver": driver, "drivetrain_source": os.path.basename(folder)}
+    if driver == "torch":
+        meta["format"] = "pt"
+    return meta
