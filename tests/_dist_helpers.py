@@ -60,7 +60,8 @@ class ProcessGroup:
         return Finished(code, self.output(), time.monotonic() - self.started)
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # closed after a timeout killed the group: what was written is on disk
+            self._log.flush()
         return self.log.read_text(errors="replace")
 
     def close(self) -> None:

@@ -17,14 +17,14 @@ from typing import Any, ClassVar
 
 from ._callbacks import Callback, CallbackManager, normalise_callbacks
 from ._checkpoint import trainer_io
-from ._checkpoint.folder import resolve_resume_folder
+from ._checkpoint.folder import newest_over_folders, resolve_resume_folder
 from ._checkpoint.training import Position
 from ._dataloaders import OverfitLoader, TruncatedLoader, loader_length
 from ._driver import Driver
 from ._errors import ConfigurationError, EarlyStopException
 from ._evaluator import Evaluator
 from ._events import Event
-from ._log import check_log_level
+from ._log import check_log_level, logger
 from ._log import configure as configure_logging
 from ._monitor import find_monitor_value
 from ._options import (
@@ -49,6 +49,8 @@ from ._trainer_options import (
     check_step_functions,
 )
 
+RESUME_LATEST = "latest"
+"""``run(resume_from="latest")``: the newest checkpoint of the trainer's CheckpointCallback(s), or a fresh start."""
 _SAME_AS_TRAINER: Any = type("SameAsTrainer", (), {"__repr__": lambda self: "<the trainer's progress_bar>"})()
 
 
@@ -286,6 +288,9 @@ class Trainer:
         ``catch_KeyboardInterrupt`` (default: True for a single process) ends training
         quietly on Ctrl-C instead of raising. ``resume_from`` is a checkpoint folder, or a
         folder of checkpoints (the newest complete one is taken); see :meth:`load_checkpoint`.
+        The string ``"latest"`` takes the newest training checkpoint over the folders of the trainer's
+        CheckpointCallback(s) and starts fresh when there is none yet, so one command line serves the
+        first start and every restart (the keyword wins over a folder named ``latest``: pass ``"./latest"``).
         """
         check_int(num_train_batch_per_epoch, "num_train_batch_per_epoch", minimum=1, allowed=(-1,))
         check_int(num_eval_batch_per_dl, "num_eval_batch_per_dl", minimum=1, allowed=(-1,))
@@ -300,8 +305,9 @@ class Trainer:
             self.dataloader = TruncatedLoader(self.dataloader, num_train_batch_per_epoch)
         self.num_batches_per_epoch = loader_length(self.dataloader)
         self._plan_length()
-        if resume_from is not None:
-            self.load_checkpoint(resolve_resume_folder(resume_from), resume_training=resume_training)
+        resume_folder = self._latest_checkpoint() if resume_from == RESUME_LATEST else resume_from
+        if resume_folder is not None:
+            self.load_checkpoint(resolve_resume_folder(resume_folder), resume_training=resume_training)
         try:
             if self.evaluator is not None and num_eval_sanity_batch > 0:
                 self.fire("on_sanity_check_begin")
@@ -328,6 +334,43 @@ class Trainer:
             raise
         finally:
             self.fire("on_train_end")
+
+    def _latest_checkpoint(self) -> str | None:
+        """``resume_from="latest"``: the newest training checkpoint over this trainer's CheckpointCallback folders.
+
+        None (start fresh) when there is none yet. Rank 0 decides and every rank gets its answer, so all
+        ranks resume from the same checkpoint even while the folders change.
+        """
+        from ._callbacks_lib.checkpoint import CheckpointCallback
+
+        folders = [cb.folder for cb in self.callbacks if isinstance(cb, CheckpointCallback)]
+        shadowed = os.path.exists(RESUME_LATEST)
+        note = (f" (the keyword wins over the path {os.path.abspath(RESUME_LATEST)!r} that exists here; pass "
+                f"resume_from='./{RESUME_LATEST}' to resume from that folder)") if shadowed else ""
+        if not folders:
+            raise ConfigurationError(
+                f"Trainer.run(resume_from={RESUME_LATEST!r}) looks for checkpoints in the folders of the trainer's "
+                "CheckpointCallback(s), and it has none; add CheckpointCallback(folder=..., every_n_batches=...) "
+                f"to callbacks=, or pass resume_from=<a checkpoint folder>{note}.")
+        decision: tuple[str | None, str | None] = (None, None)
+        if self.driver.is_global_zero:
+            try:
+                decision = (newest_over_folders(folders), None)
+            except Exception as exc:  # every rank must raise, not wait for a broadcast that never comes
+                decision = (None, f"{type(exc).__name__}: {exc}")
+        if self.driver.is_distributed():
+            decision = self.driver.broadcast_object(decision, src=0)
+        folder, error = decision
+        if error is not None:
+            raise ConfigurationError(f"resume_from={RESUME_LATEST!r}: rank 0 could not look for checkpoints in "
+                                     f"{folders}: {error}")
+        say = logger.warning if shadowed else logger.info  # a shadowed folder named latest should not go unseen
+        if folder is None:
+            say("resume_from=%r: no training checkpoint in %s yet; starting fresh%s.",
+                RESUME_LATEST, ", ".join(folders), note)
+        else:
+            say("resume_from=%r: resuming from %s%s.", RESUME_LATEST, folder, note)
+        return folder
 
     def _plan_length(self) -> None:
         """Work out ``n_batches`` from ``n_epochs`` (or the reverse) once the epoch length is known."""

@@ -214,6 +214,25 @@ def _manifest_error(folder: str) -> str | None:
     return None
 
 
+def _newest_training_checkpoint(path: str) -> tuple[str, dict[str, Any]] | None:
+    """The newest complete training checkpoint taken between batches directly under ``path``, with its manifest.
+
+    Tidies ``path`` first (puts back replaced checkpoints, removes temp folders) and warns about damaged ones.
+    """
+    recover_replaced(path)
+    remove_temp_folders(path)
+    damaged = [entry.path for entry in os.scandir(path) if entry.is_dir() and is_complete(entry.path)
+               and _manifest_error(entry.path)]
+    if damaged:
+        warnings.warn(f"resume_from={path!r}: skipping checkpoint(s) with a damaged manifest: {damaged}",
+                      RuntimeWarning, stacklevel=4)
+    # Weights-only folders cannot resume training, and a checkpoint taken in the middle of a
+    # batch (e.g. on an exception) is taken only when named explicitly.
+    found = [(folder, manifest) for folder, manifest in list_checkpoints(path)
+             if manifest.get("kind") == "trainer" and manifest["trainer"].get("at_batch_boundary", True)]
+    return found[-1] if found else None
+
+
 def resolve_resume_folder(path: str | os.PathLike) -> str:
     """``path`` itself if it is a checkpoint, else the newest complete checkpoint inside it."""
     path = os.path.abspath(os.fspath(path))
@@ -221,21 +240,26 @@ def resolve_resume_folder(path: str | os.PathLike) -> str:
         raise FileNotFoundError(f"resume_from={path!r} does not exist.")
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
-    recover_replaced(path)
-    remove_temp_folders(path)
-    damaged = [entry.path for entry in os.scandir(path) if entry.is_dir() and is_complete(entry.path)
-               and _manifest_error(entry.path)]
-    if damaged:
-        warnings.warn(f"resume_from={path!r}: skipping checkpoint(s) with a damaged manifest: {damaged}",
-                      RuntimeWarning, stacklevel=3)
-    # Weights-only folders cannot resume training, and a checkpoint taken in the middle of a
-    # batch (e.g. on an exception) is taken only when named explicitly.
-    found = [(folder, manifest) for folder, manifest in list_checkpoints(path)
-             if manifest.get("kind") == "trainer" and manifest["trainer"].get("at_batch_boundary", True)]
-    if not found:
+    newest = _newest_training_checkpoint(path)
+    if newest is None:
         raise CheckpointError(
             f"resume_from={path!r} holds no complete training checkpoint taken between batches (no sub-folder "
             f"with a {MANIFEST} of kind 'trainer'); pass a checkpoint folder or the folder CheckpointCallback "
             "writes into."
         )
-    return found[-1][0]
+    return newest[0]
+
+
+def newest_over_folders(folders: Sequence[str | os.PathLike]) -> str | None:
+    """The newest complete training checkpoint (between batches) over all of ``folders``; None if there is none.
+
+    Newest means most batches trained (then latest written), as within one folder; missing folders count as empty.
+    """
+    found = []
+    for parent in folders:
+        parent = os.path.abspath(os.fspath(parent))
+        newest = _newest_training_checkpoint(parent) if os.path.isdir(parent) else None
+        if newest is not None:
+            folder, manifest = newest
+            found.append((manifest["trainer"].get("global_forward_batches", -1), manifest.get("created", 0), folder))
+    return max(found)[2] if found else None
