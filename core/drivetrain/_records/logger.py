@@ -11,11 +11,16 @@ run continues, so records written after the checkpoint by the run that crashed a
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ConfigurationError
+
+_NOT_IN_TAGS = re.compile(r"[^-/\w\.]")  # what TensorBoard does not allow in a tag (VisualDL: '%'), written as '_'
 
 
 class Logger:
@@ -71,3 +76,31 @@ class Logger:
     def describe(self) -> str:
         """A few words for the start-of-run message: the logger and where it writes."""
         return self.name if self.save_dir is None else f"{self.name} in {self.save_dir}"
+
+
+@functools.lru_cache(maxsize=4096)
+def dashboard_tag(name: str) -> str:
+    """A scalar's name as a TensorBoard or VisualDL tag: letters, digits and ``-/_.`` kept, other characters ``_``
+    (``eval/acc#acc#dev`` shows as ``eval/acc_acc_dev``), the same on both dashboards; cached, as the names repeat
+    every logged step."""
+    return _NOT_IN_TAGS.sub("_", name).lstrip("/")
+
+
+def require_modules(logger: str, modules: tuple[str, ...], install: str) -> None:
+    """Refuse to build logger ``logger`` when one of ``modules`` is not installed, naming them and ``install``.
+
+    The modules are found without being imported (importing mlflow or wandb takes a second); they are
+    imported when the run opens the logger.
+    """
+    missing = [module for module in modules if not _installed(module)]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise ConfigurationError(f"the {logger!r} logger needs {', '.join(missing)}, which {verb} not installed: "
+                                 f"{install}.")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

@@ -10,7 +10,6 @@ switched on (``MLFLOW_ENABLE_ASYNC_LOGGING=true``); then it waits for the queued
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -21,7 +20,7 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from .files import write_json
-from .logger import Logger
+from .logger import Logger, require_modules
 
 INSTALL = 'pip install "drivetrain[mlflow]" (or pip install mlflow-skinny sqlalchemy alembic)'
 RUN_FILE = "run.json"
@@ -91,8 +90,8 @@ class MLflowLogger(Logger):
         self.experiment = experiment
         self.run_name = run_name
         self.tags = {_key(str(k)): _cut(str(v), _MAX_TAG_VALUE) for k, v in (tags or {}).items()}
-        _require_mlflow(database=self.tracking_uri is None
-                        or self.tracking_uri.partition(":")[0].split("+")[0] in _DATABASE_SCHEMES)
+        database = self.tracking_uri is None or self.tracking_uri.partition(":")[0].split("+")[0] in _DATABASE_SCHEMES
+        require_modules(self.name, ("mlflow", "sqlalchemy", "alembic") if database else ("mlflow",), INSTALL)
         self.client: Any = None
         self.run_id: str | None = None
         self.log_dir: str | None = None
@@ -253,20 +252,3 @@ def _flatten(params: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str,
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
-
-
-def _require_mlflow(database: bool) -> None:
-    needed = ("mlflow", "sqlalchemy", "alembic") if database else ("mlflow",)
-    missing = [name for name in needed if not _installed(name)]
-    if missing:
-        verb = "is" if len(missing) == 1 else "are"
-        raise ConfigurationError(f"the 'mlflow' logger needs {', '.join(missing)}, which {verb} not installed: "
-                                 f"{INSTALL}.")
-
-
-def _installed(module: str) -> bool:
-    """Whether ``module`` can be imported, found without importing it (importing mlflow takes a second)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False

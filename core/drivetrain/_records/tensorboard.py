@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from .._errors import ConfigurationError
-from .logger import Logger
+from .logger import Logger, dashboard_tag, require_modules
 
 INSTALL = 'pip install "drivetrain[tensorboard]" (or pip install tensorboardX)'
-_NOT_IN_TAGS = re.compile(r"[^-/\w\.]")  # what TensorBoard does not allow in a tag, written as '_'
 
 
 class TensorBoardLogger(Logger):
@@ -37,10 +34,9 @@ class TensorBoardLogger(Logger):
 
     def __init__(self, save_dir: str | os.PathLike | None = None) -> None:
         super().__init__(save_dir)
-        _require_tensorboardx()
+        require_modules(self.name, ("tensorboardX",), INSTALL)
         self.writer: Any = None
         self.log_dir: str | None = None
-        self._tags: dict[str, str] = {}
         self._proto: Any = None  # (Event, Summary): tensorboardX's protobuf classes, looked up once in open()
         self._last_names: tuple[str, ...] = ()
         self._last_event: Any = None
@@ -75,7 +71,7 @@ class TensorBoardLogger(Logger):
         if names != self._last_names:
             Summary = self._proto[1]  # noqa: N806 - a protobuf class
             self._last_event = self._proto[0](summary=Summary(
-                value=[Summary.Value(tag=self._tag(name)) for name in names]))
+                value=[Summary.Value(tag=dashboard_tag(name)) for name in names]))
             self._last_names = names
         event = self._last_event
         event.step, event.wall_time = step, time.time()
@@ -100,16 +96,3 @@ class TensorBoardLogger(Logger):
 
     def _write(self, summary: Any, step: int) -> None:
         self.writer.write_event(self._proto[0](wall_time=time.time(), step=step, summary=summary))
-
-    def _tag(self, name: str) -> str:
-        tag = self._tags.get(name)
-        if tag is None:
-            tag = self._tags[name] = _NOT_IN_TAGS.sub("_", name).lstrip("/")
-        return tag
-
-
-def _require_tensorboardx() -> None:
-    try:
-        import tensorboardX  # noqa: F401
-    except ImportError:
-        raise ConfigurationError(f"the 'tensorboard' logger needs tensorboardX, which is not installed: {INSTALL}.") from None

@@ -25,21 +25,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .._errors import ConfigurationError
-from .logger import Logger
+from .logger import Logger, dashboard_tag, require_modules
 
 INSTALL = 'pip install "drivetrain[visualdl]" (or pip install visualdl)'
 RECORD_MARK = "vdlrecords"  # VisualDL reads only files whose name holds this
 SUPERSEDED = "superseded"  # what a resumed run renames the file it continued to (VisualDL skips it)
-# VisualDL refuses '%' in a tag (its reader uses it for '/'); the TensorBoard logger's rule is
-# applied so the same metric has the same name on both dashboards
-_NOT_IN_TAGS = re.compile(r"[^-/\w\.]")
 _LENGTH = struct.Struct("<Q")  # a VisualDL record: its length (8 bytes, little-endian), then the protobuf
 
 
@@ -58,10 +53,9 @@ class VisualDLLogger(Logger):
 
     def __init__(self, save_dir: str | os.PathLike | None = None) -> None:
         super().__init__(save_dir)
-        _require_visualdl()
+        require_modules(self.name, ("visualdl",), INSTALL)
         self.writer: Any = None
         self.log_dir: str | None = None
-        self._tags: dict[str, str] = {}
 
     def open(self, run_dir: str, resume_step: int | None) -> None:
         from visualdl import LogWriter
@@ -85,12 +79,12 @@ class VisualDLLogger(Logger):
             os.replace(continued, aside)
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
-        self.writer.add_hparams(_flat(params), [self._tag("train/loss")])
+        self.writer.add_hparams(_flat(params), [dashboard_tag("train/loss")])
         self.writer.add_text("hparams", json.dumps(dict(params), indent=2, default=str), 0)
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
         for name, value in scalars.items():
-            self.writer.add_scalar(self._tag(name), float(value), step)
+            self.writer.add_scalar(dashboard_tag(name), float(value), step)
 
     def flush(self) -> None:
         if self.writer is not None:
@@ -109,12 +103,6 @@ class VisualDLLogger(Logger):
 
     def describe(self) -> str:
         return f"{self.name} in {os.path.abspath(self.log_dir or self.save_dir or '.')}"
-
-    def _tag(self, name: str) -> str:
-        tag = self._tags.get(name)
-        if tag is None:
-            tag = self._tags[name] = _NOT_IN_TAGS.sub("_", name).lstrip("/")
-        return tag
 
 
 def newest_record_file(folder: str) -> str | None:
@@ -164,15 +152,3 @@ def _flat(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:  # bool, None, lists, objects: as JSON text (VisualDL would drop None and print about the rest)
             out[name] = json.dumps(value, default=str)
     return out
-
-
-def _require_visualdl() -> None:
-    try:
-        import visualdl  # noqa: F401
-    except ImportError:
-        raise ConfigurationError(f"the 'visualdl' logger needs visualdl, which is not installed: {INSTALL}.") from None
-    except Exception as exc:  # e.g. a protobuf it does not work with, or a home folder it cannot write to
-        raise ConfigurationError(
-            f"the 'visualdl' logger needs visualdl, which is installed but fails to import: {type(exc).__name__}: "
-            f"{exc}. Reinstall it with {INSTALL}."
-        ) from exc

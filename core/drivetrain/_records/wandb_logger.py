@@ -17,7 +17,7 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from .files import write_json
-from .logger import Logger
+from .logger import Logger, require_modules
 
 INSTALL = 'pip install "drivetrain[wandb]" (or pip install wandb)'
 RUN_FILE = "wandb_run.json"
@@ -72,7 +72,7 @@ class WandbLogger(Logger):
                  name: str | None = None, mode: str | None = None, tags: list[str] | tuple[str, ...] | None = None,
                  resume: str = "rewind", **init_kwargs: Any) -> None:
         super().__init__(save_dir)
-        _require_wandb()
+        require_modules(self.name, ("wandb",), INSTALL)
         if mode is not None and mode not in MODES:
             raise ConfigurationError(
                 f"WandbLogger(mode={mode!r}): pass one of {list(MODES)}, or None to follow WANDB_MODE."
@@ -187,10 +187,3 @@ def _read_run_file(path: str) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return run_id if isinstance(run_id, str) and run_id else None
-
-
-def _require_wandb() -> None:
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        raise ConfigurationError(f"the 'wandb' logger needs wandb, which is not installed: {INSTALL}.") from None
