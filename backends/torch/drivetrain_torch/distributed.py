@@ -99,13 +99,8 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
     # ------------------------------------------------------------------ lifecycle
     def _join(self) -> None:
         """Join (or start) the process group, move the model to this rank's device, wrap it in DDP."""
+        self._connect()
         plan = self.plan
-        if plan.device.type == "cuda":
-            torch.cuda.set_device(plan.device)
-        self._start_process_group()
-        settle_at_exit()
-        self._store = dist.distributed_c10d._get_default_store()  # held: rank 0's store outlives a shutdown
-        self._guard.board = FailureBoard(self._store, plan.rank, plan.world_size)
         module = self._bare_module()
         if self._user_ddp:
             return
@@ -114,6 +109,16 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             with self._collective("wrapping the model in DistributedDataParallel (it copies rank 0's weights)"):
                 self._ddp = DistributedDataParallel(_Dispatch(module), device_ids=device_ids, **plan.ddp_kwargs)
+
+    def _connect(self) -> None:
+        """This process's device, the process group, and the store the failure board reports through."""
+        plan = self.plan
+        if plan.device.type == "cuda":
+            torch.cuda.set_device(plan.device)
+        self._start_process_group()
+        settle_at_exit()
+        self._store = dist.distributed_c10d._get_default_store()  # held: rank 0's store outlives a shutdown
+        self._guard.board = FailureBoard(self._store, plan.rank, plan.world_size)
 
     def _start_process_group(self) -> None:
         plan = self.plan

@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from drivetrain.backend import DriverError, FailureBoard, loadable_model_state, settle_at_exit
+from drivetrain.backend import DriverError, loadable_model_state
 
 from ._fsdp_plan import FSDP_KWARGS, OPTIONS, FSDPPlan
 from .distributed import TorchDDPDriver
@@ -85,13 +85,7 @@ class TorchFSDPDriver(TorchDDPDriver):
     # ------------------------------------------------------------------ lifecycle
     def _join(self) -> None:
         """Join the process group, take rank 0's weights, shard the model, re-point the optimizers."""
-        plan = self.plan
-        if plan.device.type == "cuda":
-            torch.cuda.set_device(plan.device)
-        self._start_process_group()
-        settle_at_exit()
-        self._store = dist.distributed_c10d._get_default_store()
-        self._guard.board = FailureBoard(self._store, plan.rank, plan.world_size)
+        self._connect()
         module = self.model
         module.to(self.device)
         names = {id(p): name for name, p in module.named_parameters()}

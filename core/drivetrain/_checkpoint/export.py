@@ -11,7 +11,6 @@ memory map), so it works for every backend's checkpoints; nothing is ever unpick
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -20,12 +19,11 @@ from typing import Any
 
 from .._io import atomic_write
 from . import safetensors_writer
-from .folder import MANIFEST, CheckpointError, list_checkpoints, read_manifest
+from .folder import MANIFEST, CheckpointError, list_checkpoints, read_manifest, verified_file
 from .training import MODEL_FILE
 
 _HEADER_LIMIT = 100 << 20
 """Largest safetensors header accepted (the format's own readers refuse larger ones too)."""
-_HASH_CHUNK = 8 << 20
 
 
 def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str:
@@ -91,22 +89,9 @@ def _checkpoint_folder(checkpoint: str | os.PathLike) -> str:
 def _verify(folder: str, manifest: dict[str, Any]) -> None:
     """Size and sha256 of the model file against the manifest, streamed (the weights may exceed memory)."""
     record = manifest["files"].get(MODEL_FILE)
-    path = os.path.join(folder, MODEL_FILE)
     if not isinstance(record, dict):
         raise CheckpointError(f"{folder}: the manifest lists no {MODEL_FILE}; this checkpoint holds no model weights.")
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path} is missing; the checkpoint {folder} is incomplete.")
-    size = os.path.getsize(path)
-    if size != record.get("size") or size < 8:
-        raise CheckpointError(f"{path} is damaged: {size} bytes where the manifest says {record.get('size')} "
-                              "(truncated?). Export an earlier checkpoint.")
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    if digest.hexdigest() != record.get("sha256"):
-        raise CheckpointError(f"{path} is damaged: its sha256 does not match the manifest. Export an earlier "
-                              "checkpoint.")
+    verified_file(folder, MODEL_FILE, record, keep=False)
 
 
 def _read_entries(path: str, data: memoryview) -> tuple[list[safetensors_writer.TensorEntry], dict[str, str]]:

@@ -29,6 +29,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TEMP_PREFIX = ".tmp-"
 OLD_PREFIX = TEMP_PREFIX + "old-"
+_HASH_CHUNK = 8 << 20
 
 
 class CheckpointError(DrivetrainError, ValueError):
@@ -136,24 +137,37 @@ def read_checkpoint(folder: str) -> LoadedCheckpoint:
     """Read the manifest and every file it lists, verifying size and sha256 before anything is parsed."""
     folder = os.path.abspath(folder)
     manifest = read_manifest(folder)
-    files: dict[str, bytes] = {}
-    for filename, record in manifest["files"].items():
-        path = os.path.join(folder, filename)
-        if os.path.basename(filename) != filename:
-            raise CheckpointError(f"{os.path.join(folder, MANIFEST)} is damaged: file name {filename!r} is not plain.")
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise CheckpointError(f"{path} is missing; the checkpoint {folder} is incomplete.") from None
-        if len(data) != record.get("size"):
-            raise CheckpointError(
-                f"{path} is damaged: {len(data)} bytes where the manifest says {record.get('size')} (truncated?)."
-            )
-        if hashlib.sha256(data).hexdigest() != record.get("sha256"):
-            raise CheckpointError(f"{path} is damaged: its sha256 does not match the manifest.")
-        files[filename] = data
+    files = {filename: verified_file(folder, filename, record) for filename, record in manifest["files"].items()}
     return LoadedCheckpoint(folder, manifest, files)
+
+
+def verified_file(folder: str, filename: str, record: Mapping[str, Any], *, keep: bool = True) -> bytes:
+    """The file ``filename`` of ``folder`` after checking its size and sha256 against its manifest ``record``.
+
+    ``keep=False`` streams the file through the hash without holding it (weights may exceed memory)
+    and returns ``b""``.
+    """
+    path = os.path.join(folder, filename)
+    if os.path.basename(filename) != filename:
+        raise CheckpointError(f"{os.path.join(folder, MANIFEST)} is damaged: file name {filename!r} is not plain.")
+    data, size, digest = b"", 0, hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            if keep:
+                data = f.read()
+                size = len(data)
+                digest.update(data)
+            else:
+                while chunk := f.read(_HASH_CHUNK):
+                    size += len(chunk)
+                    digest.update(chunk)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing; the checkpoint {folder} is incomplete.") from None
+    if size != record.get("size"):
+        raise CheckpointError(f"{path} is damaged: {size} bytes where the manifest says {record.get('size')} (truncated?).")
+    if digest.hexdigest() != record.get("sha256"):
+        raise CheckpointError(f"{path} is damaged: its sha256 does not match the manifest.")
+    return data
 
 
 def is_complete(folder: str) -> bool:
