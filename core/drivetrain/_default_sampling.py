@@ -77,6 +77,10 @@ class DefaultSampling:
     copied_with_workers: tuple[str, ...] = ()
     """Attributes passed on only when the loader has worker processes (torch refuses ``prefetch_factor``
     without them)."""
+    copied_after_build: tuple[str, ...] = ()
+    """Flags passed to the constructor as False and set on the built loader afterwards: oneflow's DataLoader
+    starts a ``persistent_workers`` loader's iterator in its constructor, before the sampler's epoch or resume
+    position is set, and its first ``iter()`` would hand out those batches."""
     settings: Callable[[Any], dict[str, Any]] = _no_settings
     """Further constructor settings of a loader, beyond ``copied`` (e.g. ``prefetch_factor`` only with workers)."""
     accepts: Callable[[Any, Any], bool] = _accept
@@ -113,9 +117,13 @@ class DefaultSampling:
         copied = self.copied + (self.copied_with_workers if getattr(loader, "num_workers", 0) > 0 else ())
         settings = {name: getattr(loader, name) for name in copied if hasattr(loader, name)}
         settings.update(self.settings(loader))
+        settings.update({name: False for name in self.copied_after_build})
         if self.seed_generator is not None:
             settings["generator"] = loader.generator if generator is None else generator
-        return self.loader_type(loader.dataset, batch_sampler=batch_sampler, **settings)
+        rebuilt = self.loader_type(loader.dataset, batch_sampler=batch_sampler, **settings)
+        for name in self.copied_after_build:  # no iterator exists yet, so a loader refusing the change (oneflow's
+            object.__setattr__(rebuilt, name, getattr(loader, name, False))  # __setattr__) is bypassed safely
+        return rebuilt
 
     def reproducible(self, loader: Any, *, num_replicas: int = 1, rank: int = 0, even_batches: bool = False,
                      agree_seed: Callable[[int], int] | None = None) -> Any:

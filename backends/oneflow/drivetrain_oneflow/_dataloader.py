@@ -49,36 +49,9 @@ SAMPLING = DefaultSampling(
     batch_sampler_type=BatchSampler, sequential_sampler=SequentialSampler, random_sampler=RandomSampler,
     draw_seed=_draw_seed, copied_with_workers=("prefetch_factor",), seed_generator=_seed_generator,
     copied=("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context"),
-    settings=lambda loader: {"persistent_workers": False},  # switched on after the build: _workers_from_first_iter
+    copied_after_build=("persistent_workers",),
 )
-
-
-def _workers_from_first_iter(loader: Any, rebuilt: Any) -> Any:
-    """Make ``rebuilt`` keep its workers across epochs (as ``loader`` does) from its first ``iter()`` on.
-
-    oneflow's DataLoader makes a ``persistent_workers`` loader's iterator in its constructor, which draws the
-    sampler's batches (and the workers' base seed) there and then, and ``iter()`` hands that iterator out as it
-    is: the epoch or resume position set on the sampler after the rebuild (a resumed run's) would be ignored
-    for the first epoch, and the prefetched batches wasted. The loader is therefore built without persistent
-    workers (``SAMPLING`` passes ``persistent_workers=False``) and switched afterwards; the switch is refused
-    by oneflow's ``__setattr__`` only because an iterator might exist, and none does yet.
-    """
-    if getattr(loader, "persistent_workers", False):
-        object.__setattr__(rebuilt, "persistent_workers", True)
-    return rebuilt
-
-
-def reproducible_dataloader(loader: Any, **options: Any) -> Any:
-    """:meth:`DefaultSampling.reproducible`, whose loader starts its persistent workers at its first ``iter()``."""
-    rebuilt = SAMPLING.reproducible(loader, **options)
-    return rebuilt if rebuilt is loader else _workers_from_first_iter(loader, rebuilt)
-
-
-def unrepeated_dataloader(loader: Any, **options: Any) -> Any:
-    """:meth:`DefaultSampling.unrepeated`, whose loader starts its persistent workers at its first ``iter()``."""
-    rebuilt = SAMPLING.unrepeated(loader, **options)
-    return rebuilt if rebuilt is None else _workers_from_first_iter(loader, rebuilt)
-
-
+reproducible_dataloader = SAMPLING.reproducible
+unrepeated_dataloader = SAMPLING.unrepeated
 describe_sampling = SAMPLING.describe
 reseed_for_epoch = SAMPLING.reseed_for_epoch
