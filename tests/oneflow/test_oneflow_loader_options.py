@@ -25,8 +25,16 @@ from drivetrain import Trainer  # noqa: E402
 from drivetrain.backend import find_reproducible_sampler  # noqa: E402
 from drivetrain_oneflow._dataloader import reproducible_dataloader  # noqa: E402
 
-N = 48
-BATCH = 8
+from .._loader_checks import (  # noqa: E402
+    BATCH,
+    N,
+    check_left_alone,
+    check_persistent_workers_read_each_sample_once,
+    check_settings_kept,
+    features,
+    record,
+)
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -35,7 +43,7 @@ class Tagged(Dataset):
 
     def __init__(self) -> None:
         self.initialised = 0
-        self.x = np.random.default_rng(0).standard_normal((N, 4)).astype(np.float32)
+        self.x = features()
 
     def __len__(self) -> int:
         return N
@@ -67,8 +75,7 @@ class Recorder(flow.nn.Module):
 
     def forward(self, x: flow.Tensor, y: flow.Tensor, index: flow.Tensor, pid: flow.Tensor,
                 initialised: flow.Tensor, collated: flow.Tensor | None = None) -> dict[str, flow.Tensor]:
-        self.seen.append({"index": index.tolist(), "pid": set(pid.tolist()), "initialised": set(initialised.tolist()),
-                          "collated": collated is not None})
+        record(self.seen, index.tolist(), pid.tolist(), initialised.tolist(), collated)
         return {"loss": flow.nn.functional.cross_entropy(self.fc(x), y)}
 
 
@@ -78,12 +85,6 @@ def train(loader: DataLoader, n_epochs: int = 2) -> tuple[Trainer, Recorder]:
                       n_epochs=n_epochs, progress_bar=None)
     trainer.run(num_eval_sanity_batch=0)
     return trainer, model
-
-
-def per_epoch(model: Recorder, key: str) -> list[list[Any]]:
-    batches = len(model.seen) // 2
-    return [sum((b[key] if key == "index" else list(b[key]) for b in model.seen[e * batches:(e + 1) * batches]), [])
-            for e in range(2)]
 
 
 def shut_down(loader: Any) -> None:
@@ -131,10 +132,10 @@ def test_worker_settings_survive_the_rebuild_and_training() -> None:
     try:
         assert rebuilt is not loader and type(rebuilt) is DataLoader
         assert find_reproducible_sampler(rebuilt) is not None
-        for name in ("dataset", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "timeout",
-                     "worker_init_fn", "collate_fn"):
-            assert getattr(rebuilt, name) is getattr(loader, name) or getattr(rebuilt, name) == getattr(loader, name), \
-                name
+        check_settings_kept(loader, rebuilt, (
+            "dataset", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "timeout",
+            "worker_init_fn", "collate_fn",
+        ))
         assert rebuilt.multiprocessing_context is loader.multiprocessing_context
         # Unlike torch, the user's generator is not kept: its seed decides the order (see the order test) and the
         # rebuilt loader gets a generator of its own, reseeded per epoch, for the workers' base seed.
@@ -149,13 +150,8 @@ def test_worker_settings_survive_the_rebuild_and_training() -> None:
 def test_workers_persist_and_each_sample_is_read_once_per_epoch() -> None:
     trainer, model = train(worker_loader())
     try:
-        pids = per_epoch(model, "pid")
-        assert 0 not in pids[0] and len(set(pids[0])) == 2
-        assert set(pids[0]) == set(pids[1])  # the same two worker processes served both epochs
-        assert {w.pid for w in trainer.dataloader._iterator._workers} == set(pids[0])
-        indices = per_epoch(model, "index")
-        assert all(sorted(epoch) == list(range(N)) for epoch in indices)
-        assert indices[0] != indices[1]  # reshuffled for the second epoch
+        pids = check_persistent_workers_read_each_sample_once(model.seen)
+        assert {w.pid for w in trainer.dataloader._iterator._workers} == pids
     finally:
         shut_down(trainer.dataloader)
 
@@ -183,11 +179,7 @@ def test_a_users_sampler_with_workers_is_left_alone() -> None:
                         multiprocessing_context=multiprocessing.get_context("fork"))
     trainer, model = train(loader)
     try:
-        assert trainer.dataloader is loader
-        assert find_reproducible_sampler(trainer.dataloader) is None
-        assert trainer.global_forward_batches == 2 * (N // BATCH)
-        pids = per_epoch(model, "pid")
-        assert set(pids[0]) == set(pids[1]) and 0 not in pids[0]
+        check_left_alone(trainer, loader, model.seen)
     finally:
         shut_down(loader)
 

@@ -22,8 +22,16 @@ from paddle.io.dataloader.collate import default_collate_fn  # noqa: E402
 from drivetrain import Trainer  # noqa: E402
 from drivetrain.backend import find_reproducible_sampler  # noqa: E402
 
-N = 48
-BATCH = 8
+from .._loader_checks import (  # noqa: E402
+    BATCH,
+    N,
+    check_left_alone,
+    check_persistent_workers_read_each_sample_once,
+    check_settings_kept,
+    features,
+    record,
+)
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -32,7 +40,7 @@ class Tagged(Dataset):
 
     def __init__(self) -> None:
         self.initialised = 0
-        self.x = np.random.default_rng(0).standard_normal((N, 4)).astype(np.float32)
+        self.x = features()
 
     def __len__(self) -> int:
         return N
@@ -63,8 +71,7 @@ class Recorder(paddle.nn.Layer):
         self.seen: list[dict[str, Any]] = []
 
     def forward(self, x: Any, y: Any, index: Any, pid: Any, initialised: Any, collated: Any = None) -> dict[str, Any]:
-        self.seen.append({"index": index.numpy().tolist(), "pid": set(pid.numpy().tolist()),
-                          "initialised": set(initialised.numpy().tolist()), "collated": collated is not None})
+        record(self.seen, index.numpy().tolist(), pid.numpy().tolist(), initialised.numpy().tolist(), collated)
         return {"loss": paddle.nn.functional.cross_entropy(self.fc(x), y)}
 
 
@@ -74,11 +81,6 @@ def train(loader: DataLoader, n_epochs: int = 2) -> tuple[Trainer, Recorder]:
     trainer = Trainer(model, loader, optimizer, driver="paddle", device="cpu", n_epochs=n_epochs, progress_bar=None)
     trainer.run(num_eval_sanity_batch=0)
     return trainer, model
-
-
-def per_epoch(model: Recorder, key: str) -> list[list[Any]]:
-    batches = len(model.seen) // 2
-    return [sum((list(b[key]) for b in model.seen[e * batches:(e + 1) * batches]), []) for e in range(2)]
 
 
 def shut_down(loader: Any) -> None:
@@ -103,10 +105,10 @@ def test_worker_settings_survive_the_rebuild_and_training() -> None:
     try:
         assert rebuilt is not loader and type(rebuilt) is DataLoader
         assert find_reproducible_sampler(rebuilt) is not None
-        for name in ("dataset", "num_workers", "_persistent_workers", "prefetch_factor", "use_shared_memory",
-                     "timeout", "worker_init_fn", "collate_fn", "return_list", "use_buffer_reader"):
-            assert getattr(rebuilt, name) is getattr(loader, name) or getattr(rebuilt, name) == getattr(loader, name), \
-                name
+        check_settings_kept(loader, rebuilt, (
+            "dataset", "num_workers", "_persistent_workers", "prefetch_factor", "use_shared_memory", "timeout",
+            "worker_init_fn", "collate_fn", "return_list", "use_buffer_reader",
+        ))
         assert rebuilt._persistent_workers is True
         assert all(b["initialised"] == {1} and b["collated"] for b in model.seen)  # worker_init_fn, collate_fn ran
         assert loader._iterator is None  # the user's own loader never started workers
@@ -117,12 +119,7 @@ def test_worker_settings_survive_the_rebuild_and_training() -> None:
 def test_workers_persist_and_each_sample_is_read_once_per_epoch() -> None:
     trainer, model = train(worker_loader())
     try:
-        pids = per_epoch(model, "pid")
-        assert 0 not in pids[0] and len(set(pids[0])) == 2
-        assert set(pids[0]) == set(pids[1])  # the same two worker processes served both epochs
-        indices = per_epoch(model, "index")
-        assert all(sorted(epoch) == list(range(N)) for epoch in indices)
-        assert indices[0] != indices[1]  # reshuffled for the second epoch
+        check_persistent_workers_read_each_sample_once(model.seen)
     finally:
         shut_down(trainer.dataloader)
 
@@ -144,11 +141,7 @@ def test_a_users_sampler_with_workers_is_left_alone() -> None:
                         persistent_workers=True)
     trainer, model = train(loader)
     try:
-        assert trainer.dataloader is loader
-        assert find_reproducible_sampler(trainer.dataloader) is None
-        assert trainer.global_forward_batches == 2 * (N // BATCH)
-        pids = per_epoch(model, "pid")
-        assert set(pids[0]) == set(pids[1]) and 0 not in pids[0]
+        check_left_alone(trainer, loader, model.seen)
     finally:
         shut_down(loader)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler, default_collate, get_worker_info
@@ -20,8 +19,16 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler, default
 from drivetrain import Trainer
 from drivetrain.backend import find_reproducible_sampler
 
-N = 48
-BATCH = 8
+from .._loader_checks import (
+    BATCH,
+    N,
+    check_left_alone,
+    check_persistent_workers_read_each_sample_once,
+    check_settings_kept,
+    features,
+    record,
+)
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -30,7 +37,7 @@ class Tagged(Dataset):
 
     def __init__(self) -> None:
         self.initialised = 0
-        self.x = np.random.default_rng(0).standard_normal((N, 4)).astype(np.float32)
+        self.x = features()
 
     def __len__(self) -> int:
         return N
@@ -62,8 +69,7 @@ class Recorder(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor, pid: torch.Tensor,
                 initialised: torch.Tensor, collated: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        self.seen.append({"index": index.tolist(), "pid": set(pid.tolist()), "initialised": set(initialised.tolist()),
-                          "collated": collated is not None})
+        record(self.seen, index.tolist(), pid.tolist(), initialised.tolist(), collated)
         return {"loss": torch.nn.functional.cross_entropy(self.fc(x), y)}
 
 
@@ -73,12 +79,6 @@ def train(loader: DataLoader, n_epochs: int = 2) -> tuple[Trainer, Recorder]:
                       n_epochs=n_epochs, progress_bar=None)
     trainer.run(num_eval_sanity_batch=0)
     return trainer, model
-
-
-def per_epoch(model: Recorder, key: str) -> list[list[Any]]:
-    batches = len(model.seen) // 2
-    return [sum((b[key] if key == "index" else list(b[key]) for b in model.seen[e * batches:(e + 1) * batches]), [])
-            for e in range(2)]
 
 
 def shut_down(loader: Any) -> None:
@@ -104,10 +104,10 @@ def test_worker_settings_survive_the_rebuild_and_training() -> None:
     try:
         assert rebuilt is not loader and type(rebuilt) is DataLoader
         assert find_reproducible_sampler(rebuilt) is not None
-        for name in ("dataset", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "timeout",
-                     "worker_init_fn", "collate_fn", "generator", "pin_memory_device", "in_order"):
-            assert getattr(rebuilt, name) is getattr(loader, name) or getattr(rebuilt, name) == getattr(loader, name), \
-                name
+        check_settings_kept(loader, rebuilt, (
+            "dataset", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "timeout",
+            "worker_init_fn", "collate_fn", "generator", "pin_memory_device", "in_order",
+        ))
         assert rebuilt.multiprocessing_context is loader.multiprocessing_context
         assert rebuilt.multiprocessing_context.get_start_method() == "fork"
         assert all(b["initialised"] == {1} and b["collated"] for b in model.seen)  # worker_init_fn, collate_fn ran
@@ -119,13 +119,8 @@ def test_worker_settings_survive_the_rebuild_and_training() -> None:
 def test_workers_persist_and_each_sample_is_read_once_per_epoch() -> None:
     trainer, model = train(worker_loader())
     try:
-        pids = per_epoch(model, "pid")
-        assert 0 not in pids[0] and len(set(pids[0])) == 2
-        assert set(pids[0]) == set(pids[1])  # the same two worker processes served both epochs
-        assert {w.pid for w in trainer.dataloader._iterator._workers} == set(pids[0])
-        indices = per_epoch(model, "index")
-        assert all(sorted(epoch) == list(range(N)) for epoch in indices)
-        assert indices[0] != indices[1]  # reshuffled for the second epoch
+        pids = check_persistent_workers_read_each_sample_once(model.seen)
+        assert {w.pid for w in trainer.dataloader._iterator._workers} == pids
     finally:
         shut_down(trainer.dataloader)
 
@@ -154,11 +149,7 @@ def test_a_users_sampler_with_workers_is_left_alone() -> None:
                         multiprocessing_context="fork")
     trainer, model = train(loader)
     try:
-        assert trainer.dataloader is loader
-        assert find_reproducible_sampler(trainer.dataloader) is None
-        assert trainer.global_forward_batches == 2 * (N // BATCH)
-        pids = per_epoch(model, "pid")
-        assert set(pids[0]) == set(pids[1]) and 0 not in pids[0]
+        check_left_alone(trainer, loader, model.seen)
     finally:
         shut_down(loader)
 

@@ -33,9 +33,12 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 from drivetrain import Accuracy, Callback, DriverError, EarlyStopException, Trainer  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # torchrun runs this file by path
+from _ddp_script import Points  # noqa: E402  (the DDP test's data, so both runs train on the same samples)
 
 torch.set_num_threads(1)
 
@@ -44,19 +47,6 @@ BATCH_PER_RANK, EVAL_BATCH = 4, 3
 N_EPOCHS, ACCUMULATION = 2, 2
 INTERRUPT_AT = 4
 GRAD_CLIP = 0.5
-
-
-class Points(Dataset):
-    def __init__(self, n: int, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(n, 4, generator=gen)
-        self.target = (self.x[:, 0] > 0).long() + (self.x[:, 1] > 0.5).long()
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"x": self.x[i], "target": self.target[i], "idx": i}
 
 
 class Block(torch.nn.Module):
