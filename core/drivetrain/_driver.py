@@ -14,7 +14,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from ._checkpoint import safetensors_writer
 from ._checkpoint.safetensors_writer import TensorEntry
 from ._errors import DriverError
 from ._param_matching import auto_param_call
+
+if TYPE_CHECKING:
+    from ._checkpoint.sharded import ShardSource, StateShards
 
 CONTRACT_VERSION = 1
 """Version of this contract; a backend declares the versions it implements."""
@@ -61,6 +64,12 @@ class Driver(abc.ABC):
     grad_norm: Any = None
     """The total gradient norm the last :meth:`step` computed while clipping by norm (None otherwise); the run
     recorder takes it (and sets it back to None) to log ``train/grad_norm``."""
+    shards_state: bool = False
+    """True when the model and optimizer state live in pieces across the processes (FSDP, ZeRO) and checkpoints
+    are written by every rank in parallel from :meth:`state_shards`, with nothing gathered. False: rank 0 writes
+    :meth:`model_state` and :meth:`optimizer_states` whole (after :meth:`gathering_state`)."""
+    reads_state_shards: bool = False
+    """True when :meth:`load_state_shards` can load a sharded checkpoint (at any world size, resharding)."""
 
     def __init__(
         self,
@@ -451,6 +460,34 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def load_rng_state(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`rng_state` returned."""
+
+    def state_shards(self) -> StateShards:
+        """Every rank, when :attr:`shards_state`: this rank's pieces of the model and optimizer states.
+
+        A collective (every rank calls it at the same point). Model weights go under the keys
+        ``model/<name>``, with ``<name>`` as in :meth:`model_state`; each piece says where it sits in
+        the full tensor (``ShardPiece(tensor, offsets, full shape)``); a tensor every rank holds whole is
+        given by rank 0 only. ``meta`` carries plain data (optimizer hyper-parameters, ...).
+        """
+        raise DriverError(
+            f"driver {self.name!r} does not shard its state (shards_state=False): rank 0 writes its checkpoints "
+            "whole from model_state() and optimizer_states()."
+        )
+
+    def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
+        """Load a sharded checkpoint (``optimizers=False``: the weights only) whatever world size wrote it.
+
+        For each tensor this rank holds, ``source.reads(key, offsets, sizes)`` says which stored slices fill
+        it. Check every key and shape (``source.model_keys()``, ``source.shape``) before copying anything, so
+        a mismatch loads nothing. Every rank calls it.
+        """
+        from ._checkpoint.folder import CheckpointError
+
+        raise CheckpointError(
+            f"{source.folder} was written in shards by {source.world_size} process(es); driver {self.name!r} "
+            "cannot read sharded checkpoints (reads_state_shards=False). Merge the weights into one file with "
+            "`drivetrain export` and load that with load_model()."
+        )
 
     def framework_version(self) -> str:
         """Version of the framework, recorded in checkpoint manifests."""

@@ -669,7 +669,9 @@ class Trainer:
 
         Written like a full checkpoint (temp folder, fsync, rename; no pickle), so a crash
         never leaves a half folder under ``folder``. Returns the path of the weights file,
-        which any safetensors reader can open.
+        which any safetensors reader can open; a driver that shards the model (``torch_fsdp``)
+        has every rank write its shards instead and returns the folder (``drivetrain export``
+        merges them into one file).
         """
         return trainer_io.save_model(self, folder)
 

@@ -27,7 +27,9 @@ from ._backend_checks import (
     check_model_type,
     checked_cuda_index,
 )
+from ._checkpoint.folder import CheckpointError
 from ._checkpoint.safetensors_writer import array_buffer
+from ._checkpoint.sharded import MODEL_PREFIX, ShardPiece, ShardRead, ShardSource, StateShards
 from ._dataloaders import OverfitLoader
 from ._default_sampling import DefaultSampling
 from ._device_args import (
@@ -209,6 +211,13 @@ __all__ = [
     "ReproducibleBatchSampler",  # the resumable, shardable training sampler a driver installs
     "UnrepeatedBatchSampler",  # the evaluation sampler: each rank its own shard, once, no padding
     "array_buffer",  # (dtype, shape, bytes) of a numpy array, for Driver.tensor_buffer
+    # sharded checkpoints (see drivetrain._checkpoint.sharded): Driver.state_shards / load_state_shards
+    "StateShards",  # what one rank contributes to a sharded checkpoint: its pieces and plain-data meta
+    "ShardPiece",  # one rank's piece of a tensor: the tensor, its offsets in the full tensor, the full shape
+    "ShardSource",  # a verified sharded checkpoint: keys, shapes, meta, and the reads that fill a piece
+    "ShardRead",  # one copy: slices of a stored piece (file, key) into slices of the piece being loaded
+    "MODEL_PREFIX",  # 'model/': the state keys of model weights in a sharded checkpoint
+    "CheckpointError",  # a checkpoint that cannot be loaded (also drivetrain.CheckpointError)
     "bool_option",
     "check_state_names",  # load_model_state's strict name check, with the message every backend gives
     "check_state_shape",  # a saved tensor of another shape than the model's, refused with the same words

@@ -22,6 +22,7 @@ from drivetrain.backend import (
     LauncherEnv,
     bool_option,
     check_layout_arguments,
+    choice_option,
     read_launcher_env,
 )
 
@@ -44,6 +45,10 @@ FSDP_KWARGS = {
     "of keeping them (needs blocks: see 'wrap')",
     "reshard_after_forward": "bool (default True): free each block's gathered parameters after its forward "
     "(gathered again in backward); False keeps them, trading memory for one all-gather less",
+    "state_dict": "'sharded' (default): each rank writes its own pieces of the model and optimizer state to a "
+    "checkpoint in parallel, nothing gathered (loads at any world size, into driver='torch' too; `drivetrain "
+    "export` merges the weights); 'full': gather everything to rank 0, which writes the torch drivers' one-file "
+    "format (a model that fits rank 0's memory)",
     **{name: DIST_KWARGS[name] for name in ("timeout", "backend")},
     **LAUNCH_OPTION_DOCS,
 }
@@ -60,6 +65,7 @@ class FSDPPlan(DistPlan):
     cpu_offload: bool = False
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True
+    state_dict: str = "sharded"
 
 
 def plan_fsdp(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> FSDPPlan:
@@ -100,6 +106,7 @@ def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: 
         mixed_precision=_precision_option(options.get("mixed_precision")), cpu_offload=offload,
         activation_checkpointing=bool_option(options, "activation_checkpointing", False, argument=OPTIONS),
         reshard_after_forward=bool_option(options, "reshard_after_forward", True, argument=OPTIONS),
+        state_dict=choice_option(options, "state_dict", ("sharded", "full"), "sharded", argument=OPTIONS),
     )
 
 

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from drivetrain.backend import ModuleDriver
+from drivetrain.backend import ModuleDriver, ShardSource
 
 from . import _rng
+from . import shards as _shards
 from . import state as _state
 from ._dataloader import reproducible_dataloader, reseed_for_epoch
 from ._device import move_to_device, resolve_device
@@ -53,6 +54,7 @@ class TorchSingleDriver(ModuleDriver):
     distributed_hint = "train distributed: device=[0, 1], nproc=N, or start the script with torchrun"
     state_ops = _state
     rng_ops = _rng
+    reads_state_shards = True  # a sharded (FSDP) checkpoint loads here at any world size, DDP or one process
 
     def resolve_device(self, device: Any, model: Any) -> torch.device:
         return resolve_device(device, model)
@@ -123,6 +125,10 @@ class TorchSingleDriver(ModuleDriver):
         reseed_for_epoch(dataloader, epoch)
 
     # ---------------------------------------------------------------------- state
+    def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
+        """Each tensor filled from the stored chunks that overlap it (every rank reads the whole model here)."""
+        _shards.load_state_shards(self.unwrap_model(), self.optimizers, source, optimizers)
+
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)  # seeds every CUDA device too (lazily if CUDA is not initialised yet)
         if torch.cuda.is_available():

@@ -15,12 +15,12 @@ differs:
 - evaluation and prediction gather the full parameters once (``unshard`` with resharding
   after forward off) and free them when training resumes: evaluation shards may differ
   by a batch between ranks, and a forward that all-gathers would then wait forever;
-- checkpoints: every rank joins :meth:`gathering_state`, which gathers the full model and
-  optimizer state to rank 0's CPU memory (``get_model_state_dict`` /
-  ``get_optimizer_state_dict`` with ``full_state_dict=True, cpu_offload=True``); rank 0
-  writes them in the torch drivers' format (safetensors + JSON), so a checkpoint loads at
-  any world size and into ``driver="torch"`` (one process or DDP), and theirs load here.
-  Writing each rank's shards in parallel (no gather) is the next stage.
+- checkpoints (``torch_fsdp_kwargs['state_dict']``): ``"sharded"`` (default) has every rank
+  write its own pieces in parallel (:meth:`state_shards`, :mod:`.shards`), nothing gathered;
+  such a checkpoint loads at any world size and into ``driver="torch"`` (one process or
+  DDP), and theirs load here. ``"full"`` gathers the model and optimizer state into rank
+  0's CPU memory in :meth:`gathering_state` (``full_state_dict=True, cpu_offload=True``)
+  and rank 0 writes the torch drivers' one-file format.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from drivetrain.backend import DriverError, loadable_model_state
+from drivetrain.backend import DriverError, ShardSource, StateShards, loadable_model_state
 
+from . import shards as _shards
 from ._fsdp_plan import FSDP_KWARGS, OPTIONS, FSDPPlan
 from .distributed import TorchDDPDriver
 from .driver import FRAMEWORK_KWARGS
@@ -78,6 +79,7 @@ class TorchFSDPDriver(TorchDDPDriver):
         self._gathered: tuple[dict[str, Any], list[Any]] | None = None
         self._registered: dict[str, Callable] = {}
         self._mp_policy = _mixed_precision(plan.mixed_precision, self.precision)
+        self.shards_state = plan.state_dict == "sharded"
 
     def describe(self) -> str:
         return super().describe().replace(f" {self.name}=", " torch=")
@@ -216,10 +218,21 @@ class TorchFSDPDriver(TorchDDPDriver):
             raise
 
     # ---------------------------------------------------------------------- state
+    def state_shards(self) -> StateShards:
+        """Every rank: its local pieces of the parameters and optimizer state (no communication)."""
+        with self._kept_summon():
+            return _shards.state_shards(self.unwrap_model(), self.optimizers, self.rank)
+
+    def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
+        """Every rank fills its own shards from the stored chunks that overlap them (any saved world size)."""
+        with self._kept_summon(), self._collective("loading a sharded checkpoint"):
+            _shards.load_state_shards(self.unwrap_model(), self.optimizers, source, optimizers)
+
     @contextlib.contextmanager
     def gathering_state(self) -> Iterator[None]:
-        """Every rank: gather the full model and optimizer state into rank 0's CPU memory for the save."""
-        if not self._sharded:
+        """Every rank (``state_dict='full'`` saves): gather the full model and optimizer state into rank 0's
+        CPU memory for the save."""
+        if not self._sharded or self.shards_state:
             yield
             return
         with self._kept_summon(), self._collective("gathering the sharded model and optimizer state to rank 0"):

@@ -17,9 +17,12 @@ import os
 import struct
 from typing import Any
 
+import numpy as np
+
 from .._io import atomic_write
 from . import safetensors_writer
-from .folder import MANIFEST, CheckpointError, list_checkpoints, read_manifest, verified_file
+from .folder import MANIFEST, CheckpointError, list_checkpoints, read_checkpoint, read_manifest, verified_file
+from .sharded import MODEL_PREFIX, is_sharded, parse_layout
 from .training import MODEL_FILE
 
 _HEADER_LIMIT = 100 << 20
@@ -37,14 +40,17 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str
     """
     folder = _checkpoint_folder(checkpoint)
     manifest = read_manifest(folder)
+    target = _target(out)
+    if is_sharded(manifest):
+        entries = _merged_shards(folder)
+
+        def write_merged(tmp: str) -> None:
+            safetensors_writer.write_file(tmp, entries, _export_metadata(manifest, folder), durable=False)
+
+        atomic_write(target, write_merged)
+        return target
     source = os.path.join(folder, MODEL_FILE)
     _verify(folder, manifest)
-    target = os.path.abspath(os.fspath(out))
-    if os.path.isdir(target):
-        target = os.path.join(target, MODEL_FILE)
-    if not os.path.isdir(os.path.dirname(target)):
-        raise FileNotFoundError(f"export_weights(out={os.fspath(out)!r}): the folder {os.path.dirname(target)!r} "
-                                "does not exist; create it first or pass another output path.")
     if os.path.exists(target) and os.path.samefile(target, source):
         raise ValueError(f"export_weights(out={os.fspath(out)!r}) is the checkpoint's own model file; "
                          "pass a path outside the checkpoint folder.")
@@ -66,6 +72,45 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str
     return target
 
 
+def _target(out: str | os.PathLike) -> str:
+    """The file to write: ``out``, or ``model.safetensors`` inside it when it is a folder; its folder must exist."""
+    target = os.path.abspath(os.fspath(out))
+    if os.path.isdir(target):
+        target = os.path.join(target, MODEL_FILE)
+    if not os.path.isdir(os.path.dirname(target)):
+        raise FileNotFoundError(f"export_weights(out={os.fspath(out)!r}): the folder {os.path.dirname(target)!r} "
+                                "does not exist; create it first or pass another output path.")
+    return target
+
+
+def _merged_shards(folder: str) -> list[safetensors_writer.TensorEntry]:
+    """The model tensors of a sharded checkpoint, each assembled in memory from its ranks' chunks.
+
+    Every file's checksum is verified first. Chunks are copied as raw elements (an unsigned integer
+    of the dtype's width), so every dtype, bf16 and float8 included, comes out bit-exact.
+    """
+    loaded = read_checkpoint(folder)  # verifies every shard file (streamed) and reads the small ones
+    source = parse_layout(folder, loaded.manifest, loaded.files.get(loaded.manifest["sharded"].get("layout", "")))
+    maps: dict[str, dict[str, safetensors_writer.TensorEntry]] = {}
+    entries = []
+    for name in sorted(source.model_keys()):
+        key = MODEL_PREFIX + name
+        dtype, shape = source.dtype(key), source.shape(key)
+        width = np.dtype(f"u{safetensors_writer.ITEM_SIZES[dtype]}")
+        merged = np.zeros(shape, dtype=width)
+        for read in source.reads(key, (0,) * len(shape), shape):
+            if read.path not in maps:
+                with open(read.path, "rb") as f:
+                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                maps[read.path] = {e[0]: e for e in _read_entries(read.path, memoryview(data))[0]}
+            _, stored_dtype, stored_shape, view = maps[read.path][read.key]
+            if stored_dtype != dtype:
+                raise CheckpointError(f"{read.path}: {read.key!r} is stored as {stored_dtype}, the layout says {dtype}.")
+            merged[read.target] = np.frombuffer(view, dtype=width).reshape(stored_shape)[read.source]
+        entries.append((name, dtype, shape, merged.reshape(-1).view(np.uint8).data))
+    return entries
+
+
 def _checkpoint_folder(checkpoint: str | os.PathLike) -> str:
     """The checkpoint folder ``checkpoint`` names: itself, or the newest complete checkpoint inside it."""
     path = os.path.abspath(os.fspath(checkpoint))
@@ -78,7 +123,8 @@ def _checkpoint_folder(checkpoint: str | os.PathLike) -> str:
                               "already exported).")
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
-    found = [folder for folder, manifest in list_checkpoints(path) if MODEL_FILE in manifest.get("files", {})]
+    found = [folder for folder, manifest in list_checkpoints(path)
+             if MODEL_FILE in manifest.get("files", {}) or is_sharded(manifest)]
     if not found:
         raise CheckpointError(f"export_weights(checkpoint={os.fspath(checkpoint)!r}): {path} holds no {MANIFEST} "
                               "and no complete checkpoint folder; pass a folder written by save_checkpoint, "

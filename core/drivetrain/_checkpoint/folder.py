@@ -57,18 +57,52 @@ def write_checkpoint(folder: str, files: Mapping[str, FileContent], manifest: di
     An existing ``folder`` is replaced only once the new one is complete.
     """
     folder = os.path.abspath(folder)
+    tmp = temp_name(folder)
+    try:
+        try:
+            os.makedirs(os.path.dirname(folder), exist_ok=True)
+            os.mkdir(tmp)
+        except OSError as exc:
+            raise _write_error(exc, folder, "(creating its folder)") from exc
+        records = write_files(folder, tmp, files)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finish_checkpoint(folder, tmp, records, manifest)
+    return folder
+
+
+def temp_name(folder: str) -> str:
+    """A fresh name beside ``folder`` for building it: readers ignore it, the next resume removes leftovers."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    return os.path.join(parent, f"{TEMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def write_files(folder: str, tmp: str, files: Mapping[str, FileContent]) -> dict[str, dict[str, Any]]:
+    """Write each of ``files`` durably into ``tmp`` (the folder being built for ``folder``); return the
+    manifest records ``{file: {"sha256", "size"}}``. An OSError names the checkpoint and the file."""
+    records = {}
+    for current, content in files.items():
+        try:
+            sha256, size = _write_and_hash(os.path.join(tmp, current), content)
+        except OSError as exc:
+            raise _write_error(exc, folder, current) from exc
+        records[current] = {"sha256": sha256, "size": size}
+    return records
+
+
+def _write_error(exc: OSError, folder: str, current: str) -> OSError:
+    return type(exc)(exc.errno, f"could not write checkpoint {folder} ({current}): {exc.strerror or exc}; "
+                                "the previous checkpoint under this name, if any, is unchanged")
+
+
+def finish_checkpoint(folder: str, tmp: str, records: Mapping[str, Any], manifest: dict[str, Any]) -> None:
+    """Write the manifest into ``tmp`` (whose files ``records`` lists) and rename it to ``folder``, replacing
+    any previous checkpoint there only now that the new one is complete. ``tmp`` is removed on failure."""
     parent, name = os.path.split(folder)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f"{TEMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     current = MANIFEST
     try:
-        os.mkdir(tmp)
-        records = {}
-        for current, content in files.items():
-            sha256, size = _write_and_hash(os.path.join(tmp, current), content)
-            records[current] = {"sha256": sha256, "size": size}
-        current = MANIFEST
-        body = dict(manifest, format_version=FORMAT_VERSION, created=time.time(), files=records)
+        body = dict(manifest, format_version=FORMAT_VERSION, created=time.time(), files=dict(records))
         _write_and_hash(os.path.join(tmp, MANIFEST), json.dumps(body, indent=1, sort_keys=True).encode())
         fsync_dir(tmp)
         current = "(renaming into place)"
@@ -85,12 +119,10 @@ def write_checkpoint(folder: str, files: Mapping[str, FileContent], manifest: di
         fsync_dir(parent)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise type(exc)(exc.errno, f"could not write checkpoint {folder} ({current}): {exc.strerror or exc}; "
-                                   "the previous checkpoint under this name, if any, is unchanged") from exc
+        raise _write_error(exc, folder, current) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return folder
 
 
 def remove_checkpoint(folder: str) -> None:
@@ -133,11 +165,23 @@ def read_manifest(folder: str) -> dict[str, Any]:
     return manifest
 
 
-def read_checkpoint(folder: str) -> LoadedCheckpoint:
-    """Read the manifest and every file it lists, verifying size and sha256 before anything is parsed."""
+def read_checkpoint(folder: str, *, skip_shards: bool = False) -> LoadedCheckpoint:
+    """Read the manifest and every file it lists, verifying size and sha256 before anything is parsed.
+
+    The shard files of a sharded checkpoint are verified without being kept (their readers map
+    them); ``skip_shards=True`` leaves them to the caller (``sharded.open_shards`` splits the
+    hashing between the ranks).
+    """
     folder = os.path.abspath(folder)
     manifest = read_manifest(folder)
-    files = {filename: verified_file(folder, filename, record) for filename, record in manifest["files"].items()}
+    sharded = manifest.get("sharded")
+    shards = set(sharded.get("files", ())) if isinstance(sharded, dict) else set()
+    files = {}
+    for filename, record in manifest["files"].items():
+        if filename not in shards:
+            files[filename] = verified_file(folder, filename, record)
+        elif not skip_shards:
+            verified_file(folder, filename, record, keep=False)
     return LoadedCheckpoint(folder, manifest, files)
 
 

@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .folder import CheckpointError, read_checkpoint, write_checkpoint
+from .sharded import is_sharded, open_shards, write_sharded_checkpoint
 from .training import (
     MODEL_FILE,
     build_checkpoint,
@@ -33,15 +34,21 @@ def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool
     callback_states = trainer.callback_manager.states(trainer)
     mine = process_state(driver)
     processes = driver.all_gather_object(mine) if driver.is_distributed() else [mine]
-    with driver.gathering_state():  # every rank: a sharding driver gathers its state for rank 0 here
+    sampler = trainer._sampler
+
+    def files(sharded: bool = False) -> tuple[dict, dict[str, Any]]:
+        return build_checkpoint(
+            driver, trainer._position(), callback_states=callback_states,
+            sampler_state=None if sampler is None else sampler.state_dict(),
+            process_states=processes, allow_pickle=allow_pickle, extra=_loop_settings(trainer), sharded=sharded,
+        )
+
+    if driver.shards_state:  # every rank writes its own shards, nothing is gathered
+        write_sharded_checkpoint(driver, path, lambda: files(sharded=True))
+        return path
+    with driver.gathering_state():  # every rank: a driver that gathers its sharded state for rank 0 does it here
         if driver.is_global_zero:
-            sampler = trainer._sampler
-            files, manifest = build_checkpoint(
-                driver, trainer._position(), callback_states=callback_states,
-                sampler_state=None if sampler is None else sampler.state_dict(),
-                process_states=processes, allow_pickle=allow_pickle, extra=_loop_settings(trainer),
-            )
-            write_checkpoint(path, files, manifest)
+            write_checkpoint(path, *files())
     driver.barrier()
     return path
 
@@ -59,21 +66,27 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
     checkpoint leaves the trainer as it was.
     """
     driver = trainer.driver
-    loaded = read_checkpoint(os.fspath(folder))
+    loaded = read_checkpoint(os.fspath(folder), skip_shards=True)
     decoded = decode_checkpoint(loaded, driver, allow_pickle)
     state = decoded.state
     if loaded.manifest.get("kind") != "trainer":
         raise CheckpointError(f"{loaded.folder} holds only a model; use load_model() for it.")
-    check_model_fits(driver, decoded.model, loaded.folder)
-    if len(state["optimizers"]) != len(driver.optimizers):
+    shards = open_shards(driver, loaded) if is_sharded(loaded.manifest) else None
+    if shards is None:
+        check_model_fits(driver, decoded.model, loaded.folder)
+    saved = state.get("optimizer_count", len(state["optimizers"] or ()))
+    if saved != len(driver.optimizers):
         raise CheckpointError(
-            f"{loaded.folder} holds {len(state['optimizers'])} optimizer state(s) but the trainer has "
+            f"{loaded.folder} holds {saved} optimizer state(s) but the trainer has "
             f"{len(driver.optimizers)} optimizer(s); pass the same optimizers as the run that saved it. "
             "Nothing was loaded."
         )
-    # -- everything is checked: apply, weights first
-    driver.load_model_state(decoded.model)
-    driver.load_optimizer_states(state["optimizers"])
+    # -- everything is checked (a sharded load checks its keys and shapes before copying): apply, weights first
+    if shards is not None:
+        driver.load_state_shards(shards, optimizers=True)
+    else:
+        driver.load_model_state(decoded.model)
+        driver.load_optimizer_states(state["optimizers"])
     if not resume_training:
         trainer.fire("on_load_checkpoint", state["callbacks"])
         return
@@ -89,12 +102,16 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
 def save_model(trainer: Trainer, folder: str | os.PathLike) -> str:
     """Write the model's weights as the folder ``folder``; returns the weights file's path."""
     path = os.path.abspath(os.fspath(folder))
-    with trainer.driver.gathering_state():
-        if trainer.driver.is_global_zero:
-            files, manifest = build_model_checkpoint(trainer.driver)
-            write_checkpoint(path, files, manifest)
+    driver = trainer.driver
+    if driver.shards_state:
+        write_sharded_checkpoint(driver, path, lambda: build_model_checkpoint(driver, sharded=True))
+        trainer.fire("on_save_model")
+        return path
+    with driver.gathering_state():
+        if driver.is_global_zero:
+            write_checkpoint(path, *build_model_checkpoint(driver))
     trainer.fire("on_save_model")
-    trainer.driver.barrier()
+    driver.barrier()
     return os.path.join(path, MODEL_FILE)
 
 
@@ -105,8 +122,12 @@ def load_model(trainer: Trainer, folder: str | os.PathLike) -> None:
     if os.path.isfile(path):
         tensors = driver.load_tensors(path)
     else:
-        loaded = read_checkpoint(path)
+        loaded = read_checkpoint(path, skip_shards=True)
         tensors = decode_checkpoint(loaded, driver, allow_pickle=False, model_only=True).model
+        if is_sharded(loaded.manifest):
+            driver.load_state_shards(open_shards(driver, loaded), optimizers=False)
+            trainer.fire("on_load_model")
+            return
     check_model_fits(driver, tensors, path)
     driver.load_model_state(tensors)
     trainer.fire("on_load_model")

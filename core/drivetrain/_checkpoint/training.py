@@ -56,8 +56,10 @@ def process_state(driver: Driver) -> dict[str, Any]:
 
 def build_checkpoint(driver: Driver, position: Position, *, callback_states: Mapping[str, Any],
                      sampler_state: Any, process_states: list[dict[str, Any]], allow_pickle: bool,
-                     extra: Mapping[str, Any]) -> tuple[dict[str, FileContent], dict[str, Any]]:
+                     extra: Mapping[str, Any], sharded: bool = False) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """Serialise everything the trainer needs to resume; returns (files, manifest fields).
+
+    ``sharded``: the model and optimizer states go to the ranks' shard files (:mod:`.sharded`), not here.
 
     Tensor files are returned as views of the tensors (see ``Driver.tensor_file``), written
     by ``write_checkpoint`` straight from memory; nothing may change them until then.
@@ -66,7 +68,7 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
     """
     is_tensor = driver.is_tensor
     sections = {
-        "optimizers": driver.optimizer_states(),
+        "optimizers": None if sharded else driver.optimizer_states(),
         "precision": driver.precision_state(),
         "processes": process_states,
     }
@@ -89,11 +91,10 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
     skeleton["callbacks"] = callbacks_json
     skeleton["sampler"] = sampler_state
     skeleton["position"] = position.__dict__
-    files: dict[str, FileContent] = {
-        MODEL_FILE: driver.tensor_file(driver.model_state()),
-        STATE_TENSORS: driver.tensor_file(tensors),
-        STATE_JSON: json.dumps(skeleton).encode(),
-    }
+    skeleton["optimizer_count"] = len(driver.optimizers)
+    files: dict[str, FileContent] = {} if sharded else {MODEL_FILE: driver.tensor_file(driver.model_state())}
+    files[STATE_TENSORS] = driver.tensor_file(tensors)
+    files[STATE_JSON] = json.dumps(skeleton).encode()
     if pickled:
         files[PICKLE_FILE] = pickle.dumps(pickled)
     manifest: dict[str, Any] = {
@@ -107,9 +108,10 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
     return files, manifest
 
 
-def build_model_checkpoint(driver: Driver) -> tuple[dict[str, FileContent], dict[str, Any]]:
-    """A weights-only folder: the model file and a manifest of kind ``model``."""
-    files: dict[str, FileContent] = {MODEL_FILE: driver.tensor_file(driver.model_state())}
+def build_model_checkpoint(driver: Driver, sharded: bool = False) -> tuple[dict[str, FileContent], dict[str, Any]]:
+    """A weights-only folder: the model file (or, ``sharded``, nothing: the ranks write the shards) and a
+    manifest of kind ``model``."""
+    files: dict[str, FileContent] = {} if sharded else {MODEL_FILE: driver.tensor_file(driver.model_state())}
     manifest: dict[str, Any] = {"drivetrain_version": __version__, "driver": format_name(driver),
                 "framework_version": driver.framework_version(), "kind": "model", "pickle": False}
     return files, manifest
@@ -132,9 +134,10 @@ def decode_checkpoint(loaded: LoadedCheckpoint, driver: Driver, allow_pickle: bo
             f"{where} was written by driver {manifest.get('driver')!r} but this trainer uses {driver.name!r}; "
             "load it with the same framework's driver."
         )
-    if MODEL_FILE not in loaded.files:
+    sharded = isinstance(manifest.get("sharded"), dict)
+    if MODEL_FILE not in loaded.files and not sharded:
         raise CheckpointError(f"{where}: the manifest lists no {MODEL_FILE}.")
-    model = _parse_tensors(driver, loaded, MODEL_FILE)
+    model = {} if sharded else _parse_tensors(driver, loaded, MODEL_FILE)
     state: dict[str, Any] = {}
     pickled: dict[str, Any] = {}
     if manifest.get("kind") == "trainer" and not model_only:

@@ -31,6 +31,7 @@ from .. import (
     Trainer,
     available_drivers,
 )
+from .._checkpoint.sharded import MODEL_PREFIX, ShardSource
 from .._plugins import create_driver, resolve_spec
 from ._kit import CLASSES, BackendKit
 
@@ -366,6 +367,52 @@ def optimizer_states_round_trip(kit: BackendKit) -> None:
     expect(isinstance(states, list) and len(states) == 1, f"optimizer_states() returned {states!r:.200}")
     other = build(kit)
     other.load_optimizer_states(states)
+
+
+@check("state", "shards_state / reads_state_shards are declared; a driver that does not shard says so in "
+               "state_shards(); one that reads shards rebuilds every tensor from pieces two writers split by rows")
+def sharded_state_declared_and_read(kit: BackendKit) -> None:
+    driver = build(kit)
+    declared = (driver.shards_state, driver.reads_state_shards)
+    expect(all(isinstance(flag, bool) for flag in declared), f"(shards_state, reads_state_shards) = {declared!r}")
+    if not driver.shards_state:
+        with expect_raises(DriverError, "does not shard", "state_shards() of a driver with shards_state=False"):
+            driver.state_shards()
+    if not driver.reads_state_shards:
+        return
+    saved = params(driver)
+    with tempfile.TemporaryDirectory() as folder:
+        source = _two_writer_checkpoint(driver, folder)
+        train_one(driver, driver.move_data_to_device(kit.batches()[0]))
+        driver.step()
+        driver.load_state_shards(source, optimizers=False)
+    expect_same(params(driver), saved, "after load_state_shards of the model split between two writers")
+
+
+def _two_writer_checkpoint(driver: Driver, folder: str) -> ShardSource:
+    """The driver's model state as a sharded checkpoint two ranks wrote: each tensor's first rows in one
+    file, the rest in the other (a tensor of fewer than two rows whole in the first)."""
+    files: list[dict[str, Any]] = [{}, {}]
+    layout: dict[str, Any] = {}
+    for name, tensor in driver.model_state().items():
+        key, shape = MODEL_PREFIX + name, list(driver.tensor_to_numpy(tensor).shape)
+        cut = shape[0] // 2 if shape and shape[0] > 1 else 0
+        pieces = [(tensor[:cut], 0, cut), (tensor[cut:], cut, shape[0] - cut)] if cut else [(tensor, 0, None)]
+        chunks = []
+        for index, (piece, begin, rows) in enumerate(pieces):
+            files[index][key] = piece
+            chunks.append({"file": f"writer{index}.safetensors", "offsets": [begin] + [0] * (len(shape) - 1)
+                           if shape else [], "sizes": shape if rows is None else [rows, *shape[1:]]})
+        layout[key] = {"shape": shape, "chunks": chunks}
+    for index, tensors in enumerate(files):
+        path = os.path.join(folder, f"writer{index}.safetensors")
+        driver.save_tensors(tensors, path)
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for key in tensors:
+            layout[key]["dtype"] = header[key]["dtype"]
+    return ShardSource(folder, layout, None, 2)
 
 
 # --------------------------------------------------------------------- resume

@@ -18,7 +18,17 @@ Trainer starts the process group, the later ones use it) and writes
 - ``options``: bf16 parameters, explicit ``wrap`` and activation checkpointing, no accumulation;
 - ``fp16``: fp16 with its loss scaler, an inf put into rank 0's gradient shard only at the first step:
   every rank must skip that step and halve the scale;
-- ``mid-cycle``: a checkpoint asked for inside an accumulation cycle, refused (the message is recorded).
+- ``mid-cycle``: a checkpoint asked for inside an accumulation cycle, refused (the message is recorded);
+- ``full-state``: ``interrupt`` with ``state_dict='full'`` (gathered to rank 0, one model file), into
+  ``OUT/interrupted-full``;
+- ``reshard``: at any world size W, ``load_checkpoint(--source, resume_training=False)`` (weights and
+  optimizer state only), recorded, then saved again as ``OUT/from-W`` (W shard files).
+
+- ``save-fails``: a sharded checkpoint saved as ``OUT/kept``, then saved again under that name with
+  rank 1's disk "full" (its file write raises ENOSPC): every rank must raise naming rank 1, and
+  ``OUT/kept`` must still be the first checkpoint (the errors and its manifest time are recorded).
+
+Every phase also records the full optimizer state (``optim``).
 
 With ``--nproc 2`` the script is started as ``python _fsdp_script.py`` and the Trainer starts rank 1.
 """
@@ -157,19 +167,30 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
         initial = state_lists(model.state_dict())
     if phase == "mid-cycle":
         callbacks.append(StopAt(INTERRUPT_AT - 1, os.path.join(args.out, "mid-cycle")))
+    if phase == "full-state":
+        callbacks.append(StopAt(INTERRUPT_AT, os.path.join(args.out, "interrupted-full")))
+        options["torch_fsdp_kwargs"] = {"state_dict": "full"}
     if args.nproc:
         options["nproc"] = args.nproc
     trainer = build_trainer(model, batch_size=BATCH_PER_RANK, driver=driver, callbacks=callbacks,
                             evaluate=phase == "full", **options)
+    if phase == "save-fails":
+        write_result(trainer, phase, args.out, recorder, save=False)
+        save_fails(trainer, os.path.join(args.out, "kept"), os.path.join(args.out, f"{phase}-rank{trainer.driver.rank}.json"))
+        return
+    if phase == "reshard":
+        trainer.load_checkpoint(args.source, resume_training=False)
+        write_result(trainer, phase, args.out, recorder)
+        trainer.save_checkpoint(os.path.join(args.out, f"from-{trainer.driver.world_size}"))
+        return
     try:
         trainer.run(num_eval_sanity_batch=0, **run_options)
     except Exception as exc:  # the callback's DriverError, wrapped in a CallbackError
         if phase != "mid-cycle" or not isinstance(exc.__cause__, DriverError):
             raise
         run_options["refused"] = str(exc.__cause__)
+    result = write_result(trainer, phase, args.out, recorder, save=False)
     d = trainer.driver
-    result = {"rank": d.rank, "world_size": d.world_size, "driver": type(d).__name__,
-              "params": state_lists(d.model_state()), "seen": recorder.seen, "history": trainer.history}
     if phase == "mid-cycle":
         result["refused"] = run_options.get("refused")
     if phase == "fp16":
@@ -184,12 +205,54 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
         json.dump(result, f)
 
 
+def write_result(trainer: Trainer, phase: str, out: str, recorder: Recorder, save: bool = True) -> dict:
+    """What every phase records (every rank calls it: reading a sharded state gathers it)."""
+    d = trainer.driver
+    result = {"rank": d.rank, "world_size": d.world_size, "driver": type(d).__name__,
+              "params": state_lists(d.model_state()), "optim": optimizer_lists(d.optimizer_states()),
+              "seen": recorder.seen, "history": trainer.history}
+    if save:
+        with open(os.path.join(out, f"{phase}-rank{d.rank}.json"), "w") as f:
+            json.dump(result, f)
+    return result
+
+
+def save_fails(trainer: Trainer, folder: str, out: str) -> None:
+    """Save, then save again while rank 1 cannot write; record what each rank saw."""
+    from drivetrain._checkpoint import sharded
+
+    trainer.save_checkpoint(folder)
+    created = json.load(open(os.path.join(folder, "manifest.json")))["created"]
+    if trainer.driver.rank == 1:
+        def disk_full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        sharded._write_files = disk_full
+    try:
+        trainer.save_checkpoint(folder)
+        error = None
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    after = json.load(open(os.path.join(folder, "manifest.json")))["created"]
+    leftovers = [n for n in os.listdir(os.path.dirname(folder)) if n.startswith(".tmp-")]
+    with open(out, "w") as f:
+        json.dump({"error": error, "unchanged": after == created, "leftovers": leftovers}, f)
+
+
+def optimizer_lists(states: list) -> list:
+    """Optimizer states as JSON: tensors as lists, keys as strings."""
+    return [{"state": {str(i): {k: v.float().flatten().tolist() if isinstance(v, torch.Tensor) else v
+                                for k, v in entry.items()} for i, entry in s["state"].items()},
+             "param_groups": s["param_groups"]} for s in states]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("phases")
     parser.add_argument("--one-process")
     parser.add_argument("--nproc", type=int)
+    parser.add_argument("--source")
     args = parser.parse_args()
     for phase in args.phases.split(","):
         run_phase(phase, args)

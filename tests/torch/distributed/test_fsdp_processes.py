@@ -28,8 +28,20 @@ TIMEOUT = 150  # the whole launch; the phases themselves take seconds
 SCRIPT = str(Path(__file__).with_name("_fsdp_script.py"))
 
 
-def _read(out: Path, phase: str) -> dict[int, dict]:
-    return {r: json.loads((out / f"{phase}-rank{r}.json").read_text()) for r in (0, 1)}
+def _read(out: Path, phase: str, world: int = 2) -> dict[int, dict]:
+    return {r: json.loads((out / f"{phase}-rank{r}.json").read_text()) for r in range(world)}
+
+
+def _launch(out: Path, phases: str, nproc: int = 2, *extra: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+           str(free_port()), SCRIPT, str(out), phases, *extra]
+    group = ProcessGroup(cmd, out)
+    try:
+        done = group.wait(TIMEOUT)
+    finally:
+        group.close()
+    assert done.returncode == 0, done.output
+    print(f"\ntorchrun, {nproc} ranks, {phases}: {done.seconds:.1f} s")
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -60,17 +72,20 @@ def reference(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def run(reference, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
-    phases = "full,interrupt,resume-same,resume-one,ddp-interrupt,resume-from-ddp,ddp-from-fsdp,options,fp16,mid-cycle"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           SCRIPT, str(out), phases, "--one-process", str(reference["folder"])]
-    group = ProcessGroup(cmd, out)
-    try:
-        done = group.wait(TIMEOUT)
-    finally:
-        group.close()
-    assert done.returncode == 0, done.output
-    print(f"\ntorchrun, 10 phases: {done.seconds:.1f} s")
+    phases = ("full,interrupt,resume-same,resume-one,ddp-interrupt,resume-from-ddp,ddp-from-fsdp,options,fp16,"
+              "mid-cycle,full-state,save-fails")
+    _launch(out, phases, 2, "--one-process", str(reference["folder"]))
     return out
+
+
+@pytest.fixture(scope="module")
+def resharded(run, tmp_path_factory) -> dict[int, Path]:
+    """The 2-rank sharded checkpoint ``interrupted`` loaded at 3 ranks (and saved there as ``from-3``), which
+    is loaded at 2 ranks again: ``{world size: output folder}``."""
+    three, two = tmp_path_factory.mktemp("three"), tmp_path_factory.mktemp("two")
+    _launch(three, "reshard", 3, "--source", str(run / "interrupted"))
+    _launch(two, "reshard", 2, "--source", str(three / "from-3"))
+    return {3: three, 2: two}
 
 
 # ------------------------------------------------------------------------ training
@@ -174,11 +189,92 @@ def test_the_trainer_starts_the_other_fsdp_process_itself(run, tmp_path) -> None
         assert spawned[rank]["params"] == launched[rank]["params"]
 
 
-def test_save_model_writes_the_full_weights_once(run, reference) -> None:
+def test_save_model_writes_shards_that_export_merges_into_the_full_weights(run, tmp_path) -> None:
     from safetensors.torch import load_file
 
-    weights = load_file(str(run / "model" / "model.safetensors"))
+    from drivetrain import export_weights
+
+    folder = run / "model"
+    assert sorted(p.name for p in folder.glob("shards-*")) == ["shards-00000-of-00002.safetensors",
+                                                              "shards-00001-of-00002.safetensors"]
+    assert not (folder / "model.safetensors").exists()  # nothing was gathered
+    weights = load_file(export_weights(folder, tmp_path / "merged.safetensors"))
     assert script.state_lists(weights) == _read(run, "full")[0]["params"]
+    model = script.Net()
+    model.load_state_dict(weights)  # a plain load_state_dict reads the merged file
+
+
+# ----------------------------------------------------------------- sharded checkpoints
+def test_each_rank_writes_its_own_shards_and_the_manifest_covers_them(run) -> None:
+    folder = run / "interrupted"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["sharded"]["world_size"] == 2
+    shards = sorted(p.name for p in folder.glob("shards-*"))
+    assert shards == manifest["sharded"]["files"] and set(shards) <= set(manifest["files"])
+    assert "model.safetensors" not in manifest["files"]
+    layout = json.loads((folder / "shards.json").read_text())["tensors"]
+    chunks = layout["model/blocks.0.fc.weight"]["chunks"]
+    assert [(c["file"], c["offsets"], c["sizes"]) for c in chunks] == [
+        (shards[0], [0, 0], [8, 16]), (shards[1], [8, 0], [8, 16])]  # rows split between the ranks
+
+
+def test_a_sharded_checkpoint_reshards_from_two_ranks_to_three_and_back(run, resharded) -> None:
+    """Weights and AdamW moments loaded at 3 ranks (uneven 16-row shards: 6, 6, 4) equal the 2-rank state
+    at the interrupt bit for bit; saved at 3 ranks and loaded at 2, again."""
+    interrupted = _read(run, "interrupt")[0]
+    assert json.loads((resharded[3] / "from-3" / "manifest.json").read_text())["sharded"]["world_size"] == 3
+    for world, out in resharded.items():
+        for result in _read(out, "reshard", world).values():
+            assert result["world_size"] == world
+            assert result["params"] == interrupted["params"]
+            assert result["optim"] == interrupted["optim"]
+
+
+def test_a_three_rank_checkpoint_loads_in_one_process(run, resharded) -> None:
+    interrupted = _read(run, "interrupt")[0]
+    model = script.Net()
+    trainer = script.build_trainer(model, batch_size=script.BATCH_PER_RANK, driver="torch", callbacks=[])
+    trainer.load_checkpoint(str(resharded[3] / "from-3"), resume_training=False)
+    assert script.state_lists(model.state_dict()) == interrupted["params"]
+    assert json.loads(json.dumps(script.optimizer_lists(trainer.driver.optimizer_states()))) == interrupted["optim"]
+
+
+def test_a_damaged_shard_is_refused_before_anything_loads(run, tmp_path) -> None:
+    import shutil
+
+    from drivetrain import CheckpointError
+
+    copy = tmp_path / "damaged"
+    shutil.copytree(run / "interrupted", copy)
+    shard = copy / "shards-00001-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    torch.manual_seed(0)
+    model = script.Net()
+    before = script.state_lists(model.state_dict())
+    trainer = script.build_trainer(model, batch_size=script.BATCH_PER_RANK, driver="torch", callbacks=[])
+    with pytest.raises(CheckpointError, match=r"shards-00001-of-00002.safetensors is damaged: its sha256"):
+        trainer.load_checkpoint(str(copy))
+    assert script.state_lists(model.state_dict()) == before
+
+
+def test_a_rank_failing_to_write_its_shard_leaves_the_previous_checkpoint(run) -> None:
+    for result in _read(run, "save-fails").values():
+        assert "rank 1 failed (OSError" in result["error"] and "No space left" in result["error"]
+        assert "previous checkpoint under this name, if any, is unchanged" in result["error"]
+        assert result["unchanged"] and result["leftovers"] == []
+
+
+def test_state_dict_full_gathers_to_rank_zero_in_one_file(run) -> None:
+    folder = run / "interrupted-full"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "model.safetensors" in manifest["files"] and "sharded" not in manifest
+    assert _read(run, "full-state")[0]["params"] == _read(run, "interrupt")[0]["params"]
+    model = script.Net()
+    trainer = script.build_trainer(model, batch_size=script.BATCH_PER_RANK, driver="torch", callbacks=[])
+    trainer.load_checkpoint(str(folder), resume_training=False)
+    assert script.state_lists(model.state_dict()) == _read(run, "interrupt")[0]["params"]
 
 
 # --------------------------------------------------------------------- bad options
@@ -200,8 +296,10 @@ def _build(**options) -> Trainer:
     ({"nproc": 2, "torch_fsdp_kwargs": {"ddp_kwargs": {}}}, ["ddp_kwargs", "torch_fsdp_kwargs"]),
     ({"nproc": 2, "torch_fsdp_kwargs": {"activation_checkpointing": "yes"}},
      ["torch_fsdp_kwargs['activation_checkpointing']"]),
+    ({"nproc": 2, "torch_fsdp_kwargs": {"state_dict": "gathered"}},
+     ["torch_fsdp_kwargs['state_dict']='gathered'", "'sharded'", "'full'"]),
 ], ids=["one-process", "wrap-absent", "wrap-type", "mixed-precision", "cpu-offload-on-cpu", "ddp-kwargs",
-        "not-a-bool"])
+        "not-a-bool", "state-dict"])
 def test_a_bad_option_names_the_argument_and_the_fix(options, words) -> None:
     with pytest.raises(DriverError) as caught:
         _build(**options)

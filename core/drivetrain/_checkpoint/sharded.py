@@ -1,0 +1,327 @@
+"""Sharded checkpoints: every rank writes its own pieces of the model and optimizer state, in parallel.
+
+Why: a driver that shards the model over the processes (FSDP, ZeRO) would otherwise gather
+everything into rank 0's memory and write it from one process; here nothing is gathered and
+the write takes as long as the largest piece. The folder keeps every promise of the format:
+built under a temporary name and renamed into place once complete, a sha256 per file in the
+manifest, tensors in safetensors and everything else in JSON.
+
+Files beside the usual ``training_state.*`` (which rank 0 writes as for any checkpoint):
+
+- ``shards-<rank>-of-<world>.safetensors``: the pieces that rank holds, each under its
+  state key (``model/<parameter name>`` for weights; the driver names the rest);
+- ``shards.json``: per key its dtype, full shape and chunks (file, offsets, sizes), and
+  the driver's plain-data ``meta`` (e.g. optimizer hyper-parameters) in the JSON codec.
+
+Loading plans, per key and per reading rank, which stored chunks overlap the piece the
+rank needs (:meth:`ShardSource.reads`), so a checkpoint written by N ranks loads at any
+world size and into unsharded drivers: resharding is only a different set of slices.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._driver import Driver
+from .._errors import DriverError
+from .codec import StateEncodingError, join_state, split_state
+from .folder import (
+    CheckpointError,
+    FileContent,
+    LoadedCheckpoint,
+    finish_checkpoint,
+    temp_name,
+    verified_file,
+)
+from .folder import write_files as _write_files
+
+MODEL_PREFIX = "model/"
+LAYOUT_FILE = "shards.json"
+
+
+@dataclass(frozen=True)
+class ShardPiece:
+    """One rank's piece of a tensor: ``tensor`` (a framework tensor) starts at ``offsets`` of the full
+    tensor, whose shape is ``shape``; the piece's own shape gives its extent."""
+
+    tensor: Any
+    offsets: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass
+class StateShards:
+    """What one rank contributes to a sharded checkpoint (see :meth:`Driver.state_shards`).
+
+    ``pieces``: this rank's pieces by state key; a key held whole by every rank (a replicated
+    tensor) is given by one rank only (rank 0 by convention). Model weights use the keys
+    ``model/<name>`` (``export_weights`` reads them). ``meta``: plain data the driver needs
+    back at load (nested dicts/lists/numbers/strings); rank 0's is kept.
+    """
+
+    pieces: dict[str, ShardPiece]
+    meta: Any = None
+
+
+@dataclass(frozen=True)
+class ShardRead:
+    """Copy ``source`` slices of the stored piece ``key`` in the safetensors file ``path`` into ``target``
+    slices of the piece being loaded; ``whole`` when the stored piece is taken entire (no slicing needed)."""
+
+    path: str
+    key: str
+    source: tuple[slice, ...]
+    target: tuple[slice, ...]
+    whole: bool
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    file: str
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+class ShardSource:
+    """A verified sharded checkpoint, as a loading driver sees it: keys, shapes, dtypes, meta, and read plans."""
+
+    def __init__(self, folder: str, layout: Mapping[str, Any], meta: Any, world_size: int) -> None:
+        self.folder = folder
+        self.meta = meta
+        self.world_size = world_size
+        """How many processes wrote the checkpoint."""
+        self._tensors = layout
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every stored state key."""
+        return frozenset(self._tensors)
+
+    def model_keys(self) -> dict[str, tuple[int, ...]]:
+        """The model's weights: ``{name (without the model/ prefix): full shape}``."""
+        return {key[len(MODEL_PREFIX):]: self.shape(key) for key in self._tensors if key.startswith(MODEL_PREFIX)}
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._entry(key)["shape"])
+
+    def dtype(self, key: str) -> str:
+        """The safetensors dtype tag the key was stored with (``"F32"``, ``"BF16"``, ...)."""
+        return str(self._entry(key)["dtype"])
+
+    def _entry(self, key: str) -> Mapping[str, Any]:
+        try:
+            return self._tensors[key]
+        except KeyError:
+            raise CheckpointError(f"{self.folder}: the sharded checkpoint holds no {key!r}.") from None
+
+    def reads(self, key: str, offsets: Iterable[int], sizes: Iterable[int]) -> list[ShardRead]:
+        """The copies that fill the piece of ``key`` starting at ``offsets`` with extent ``sizes``.
+
+        Raises :class:`CheckpointError` when the stored chunks do not cover the piece (a damaged layout).
+        """
+        offsets, sizes = tuple(offsets), tuple(sizes)
+        entry = self._entry(key)
+        if len(offsets) != len(entry["shape"]) or len(sizes) != len(offsets):
+            raise CheckpointError(f"{self.folder}: {key!r} has {len(entry['shape'])} dimensions; a piece of "
+                                  f"{len(sizes)} was asked for.")
+        plans, covered = [], 0
+        for chunk in _chunks(entry):
+            lows = [max(o, c) for o, c in zip(offsets, chunk.offsets, strict=True)]
+            highs = [min(o + s, c + n) for o, s, c, n in zip(offsets, sizes, chunk.offsets, chunk.sizes, strict=True)]
+            if any(lo >= hi for lo, hi in zip(lows, highs, strict=True)) and offsets:
+                continue
+            source = tuple(slice(lo - c, hi - c) for lo, hi, c in zip(lows, highs, chunk.offsets, strict=True))
+            target = tuple(slice(lo - o, hi - o) for lo, hi, o in zip(lows, highs, offsets, strict=True))
+            whole = all(s.stop - s.start == n for s, n in zip(source, chunk.sizes, strict=True))
+            plans.append(ShardRead(os.path.join(self.folder, chunk.file), key, source, target, whole))
+            covered += math.prod(hi - lo for lo, hi in zip(lows, highs, strict=True))
+            if not offsets:
+                break
+        if covered != math.prod(sizes):
+            raise CheckpointError(f"{self.folder}: the stored chunks of {key!r} cover {covered} of the "
+                                  f"{math.prod(sizes)} values asked for; shards.json is damaged.")
+        return plans
+
+
+def _chunks(entry: Mapping[str, Any]) -> list[_Chunk]:
+    return [_Chunk(c["file"], tuple(c["offsets"]), tuple(c["sizes"])) for c in entry["chunks"]]
+
+
+def shard_file(rank: int, world_size: int) -> str:
+    return f"shards-{rank:05d}-of-{world_size:05d}.safetensors"
+
+
+# ----------------------------------------------------------------------------------------- writing
+def write_sharded_checkpoint(driver: Driver, folder: str,
+                             rank0_files: Callable[[], tuple[dict[str, FileContent], dict[str, Any]]]) -> None:
+    """Every rank: write this rank's shards (``driver.state_shards()``) and, on rank 0, ``rank0_files()``
+    (the other files and the manifest's fields) into one temporary folder, then rename it to ``folder``.
+
+    The ranks agree on the outcome: when any rank fails, the temporary folder is removed, the
+    previous checkpoint under ``folder`` stays as it was, and every rank raises naming the rank.
+    """
+    rank, world = driver.rank, driver.world_size
+    tmp = driver.broadcast_object(temp_name(folder) if rank == 0 else None)
+    mine: dict[str, Any] = {}
+    layout: dict[str, Any] = {}
+    records: dict[str, Any] = {}
+    error: str | None = None
+    manifest: dict[str, Any] = {}
+    meta: Any = None
+    try:
+        os.makedirs(tmp, exist_ok=True)
+        shards = driver.state_shards()
+        name = shard_file(rank, world)
+        content = driver.tensor_file({key: piece.tensor for key, piece in shards.pieces.items()})
+        layout = _piece_layout(name, shards.pieces, _dtypes_and_shapes(content))
+        mine = {name: content}
+        if rank == 0:
+            files, manifest = rank0_files()
+            mine.update(files)
+            meta = _encode_meta(shards.meta)
+        records = _write_files(folder, tmp, mine)
+    except Exception as exc:  # reported to every rank below, so none waits for the others forever
+        error = f"{type(exc).__name__}: {exc}"
+        failure: BaseException | None = exc
+    else:
+        failure = None
+    gathered = driver.all_gather_object((records, layout, error))
+    failed = [(r, e) for r, (_, _, e) in enumerate(gathered) if e is not None]
+    outcome = None
+    if rank == 0:
+        outcome = _first_failure(failed, folder) or _finish(folder, tmp, gathered, manifest, meta, world)
+        if outcome is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    outcome = driver.broadcast_object(outcome)  # every rank leaves together, the folder already tidied
+    if outcome is not None:
+        raise CheckpointError(outcome) from failure
+
+
+def _first_failure(failed: list[tuple[int, str]], folder: str) -> str | None:
+    if not failed:
+        return None
+    rank, error = failed[0]
+    return (f"could not write the sharded checkpoint {folder}: rank {rank} failed ({error}); the previous "
+            "checkpoint under this name, if any, is unchanged.")
+
+
+def _finish(folder: str, tmp: str, gathered: list[tuple[dict, dict, str | None]], manifest: dict[str, Any],
+            meta: Any, world: int) -> str | None:
+    """Rank 0: merge the ranks' layouts and records, check every file arrived, write the manifest, rename."""
+    try:
+        records: dict[str, Any] = {}
+        tensors: dict[str, Any] = {}
+        for rank_records, rank_layout, _ in gathered:
+            records.update(rank_records)
+            _merge_layout(tensors, rank_layout)
+        for name, record in records.items():
+            path = os.path.join(tmp, name)
+            if not os.path.isfile(path) or os.path.getsize(path) != record["size"]:
+                return (f"could not write the sharded checkpoint {folder}: {name} did not arrive in {tmp}; every "
+                        "rank must write to a folder on a file system all of them share (e.g. NFS on several "
+                        "machines). The previous checkpoint, if any, is unchanged.")
+        layout_bytes = json.dumps({"tensors": tensors, "meta": meta}, sort_keys=True).encode()
+        records.update(_write_files(folder, tmp, {LAYOUT_FILE: layout_bytes}))
+        shard_files = [shard_file(r, world) for r in range(world)]
+        finish_checkpoint(folder, tmp, records, dict(manifest, sharded={
+            "world_size": world, "layout": LAYOUT_FILE, "files": shard_files}))
+    except Exception as exc:
+        return f"could not write the sharded checkpoint {folder}: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _dtypes_and_shapes(content: FileContent) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each tensor's safetensors dtype and shape, from the streamed entries or the encoded bytes."""
+    if isinstance(content, (bytes, bytearray)):
+        length = int.from_bytes(content[:8], "little")
+        header = json.loads(bytes(content[8:8 + length]))
+        header.pop("__metadata__", None)
+        return {name: (info["dtype"], tuple(info["shape"])) for name, info in header.items()}
+    return {name: (dtype, tuple(shape)) for name, dtype, shape, _ in content}
+
+
+def _piece_layout(file: str, pieces: Mapping[str, ShardPiece],
+                  stored: Mapping[str, tuple[str, tuple[int, ...]]]) -> dict[str, Any]:
+    layout = {}
+    for key, piece in pieces.items():
+        dtype, sizes = stored[key]
+        offsets, shape = tuple(int(o) for o in piece.offsets), tuple(int(n) for n in piece.shape)
+        if len(offsets) != len(shape) or len(sizes) != len(shape) or any(
+                o < 0 or o + s > n for o, s, n in zip(offsets, sizes, shape, strict=True)):
+            raise DriverError(f"state_shards(): the piece {key!r} (offsets {list(offsets)}, sizes {list(sizes)}) "
+                              f"does not fit its full shape {list(shape)}.")
+        layout[key] = {"file": file, "dtype": dtype, "shape": list(shape), "offsets": list(offsets),
+                       "sizes": list(sizes)}
+    return layout
+
+
+def _merge_layout(tensors: dict[str, Any], rank_layout: Mapping[str, Any]) -> None:
+    for key, piece in rank_layout.items():
+        entry = tensors.setdefault(key, {"dtype": piece["dtype"], "shape": piece["shape"], "chunks": []})
+        if entry["dtype"] != piece["dtype"] or entry["shape"] != piece["shape"]:
+            raise DriverError(f"state_shards(): the ranks disagree on {key!r}: {entry['dtype']} {entry['shape']} "
+                              f"vs {piece['dtype']} {piece['shape']}.")
+        entry["chunks"].append({"file": piece["file"], "offsets": piece["offsets"],
+                                "sizes": piece["sizes"]})
+
+
+def _encode_meta(meta: Any) -> Any:
+    try:
+        skeleton, _ = split_state(meta, lambda _: False, "meta")
+    except StateEncodingError as exc:
+        raise DriverError(f"state_shards(): meta must be plain data: {exc}") from None
+    return skeleton
+
+
+# ----------------------------------------------------------------------------------------- reading
+def is_sharded(manifest: Mapping[str, Any]) -> bool:
+    return isinstance(manifest.get("sharded"), dict)
+
+
+def shard_files(manifest: Mapping[str, Any]) -> list[str]:
+    return list(manifest["sharded"].get("files", [])) if is_sharded(manifest) else []
+
+
+def open_shards(driver: Driver, loaded: LoadedCheckpoint) -> ShardSource:
+    """Every rank: verify the shard files (each rank hashes its share of them, in parallel), then parse the layout.
+
+    ``loaded`` was read with ``skip_shards=True``: everything but the shard files is verified already.
+    """
+    manifest, folder = loaded.manifest, loaded.folder
+    files = shard_files(manifest)
+    mine = files[driver.rank::driver.world_size] if driver.is_distributed() else files
+    error = None
+    try:
+        for name in mine:
+            record = manifest["files"].get(name)
+            if not isinstance(record, dict):
+                raise CheckpointError(f"{folder}: the manifest lists no checksum for {name}; the checkpoint is "
+                                      "incomplete.")
+            verified_file(folder, name, record, keep=False)
+    except CheckpointError as exc:
+        error = str(exc)
+    errors = [e for e in driver.all_gather_object(error)] if driver.is_distributed() else [error]
+    bad = [e for e in errors if e is not None]
+    if bad:
+        raise CheckpointError(bad[0] + " Nothing was loaded.")
+    return parse_layout(folder, manifest, loaded.files.get(manifest["sharded"].get("layout", LAYOUT_FILE)))
+
+
+def parse_layout(folder: str, manifest: Mapping[str, Any], data: bytes | None) -> ShardSource:
+    name = manifest["sharded"].get("layout", LAYOUT_FILE)
+    if data is None:
+        raise CheckpointError(f"{folder}: the manifest lists no {name}; the sharded checkpoint is incomplete.")
+    try:
+        body = json.loads(data)
+        tensors, meta = body["tensors"], join_state(body["meta"], {})
+        for entry in tensors.values():
+            _chunks(entry)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{folder}/{name} is damaged: {type(exc).__name__}: {exc}.") from exc
+    return ShardSource(folder, tensors, meta, int(manifest["sharded"].get("world_size", 0)))

@@ -1,0 +1,182 @@
+"""Sharded checkpoints in the core: the read plans that reshard, and the write/verify/export protocol, on the
+framework-free numpy driver taught to write shards (the torch FSDP tests run it with real ranks)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+import safetensors
+
+from drivetrain import CheckpointError, Trainer, export_weights
+from drivetrain.backend import MODEL_PREFIX, ShardPiece, ShardSource, StateShards
+from drivetrain_numpy import SGD, ArrayLoader, LinearModel
+from drivetrain_numpy.driver import NumpyDriver
+
+from .conftest import make_regression
+
+
+def _row_layout(shape: tuple[int, ...], world: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A layout of one tensor ``t`` split by rows as FSDP splits (ceil-sized chunks), and its chunks."""
+    full = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    rows = -(-shape[0] // world)
+    chunks, stored = [], {}
+    for rank in range(world):
+        begin, end = min(rank * rows, shape[0]), min((rank + 1) * rows, shape[0])
+        if begin == end:
+            continue
+        name = f"f{rank}"
+        chunks.append({"file": name, "offsets": [begin, 0], "sizes": [end - begin, shape[1]]})
+        stored[name] = full[begin:end]
+    return {"t": {"dtype": "F32", "shape": list(shape), "chunks": chunks}}, stored
+
+
+def _assemble(source: ShardSource, stored: dict[str, np.ndarray], offsets, sizes) -> np.ndarray:
+    piece = np.full(sizes, -1.0, dtype=np.float32)
+    for read in source.reads("t", offsets, sizes):
+        chunk = stored[os.path.basename(read.path)]
+        piece[read.target] = chunk if read.whole else chunk[read.source]
+    return piece
+
+
+@pytest.mark.parametrize(("saved", "loading"), list(itertools.product([1, 2, 3, 4], [1, 2, 3, 5])))
+def test_reads_reshard_row_shards_to_any_world_size(saved, loading) -> None:
+    shape = (10, 3)
+    layout, stored = _row_layout(shape, saved)
+    source = ShardSource("/ckpt", layout, None, saved)
+    full = np.arange(30, dtype=np.float32).reshape(shape)
+    rows = -(-shape[0] // loading)
+    for rank in range(loading):
+        begin, end = min(rank * rows, 10), min((rank + 1) * rows, 10)
+        piece = _assemble(source, stored, (begin, 0), (end - begin, 3))
+        assert np.array_equal(piece, full[begin:end])
+
+
+def test_reads_fill_a_piece_cut_across_rows_and_columns() -> None:
+    layout, stored = _row_layout((7, 6), 3)
+    source = ShardSource("/ckpt", layout, None, 3)
+    piece = _assemble(source, stored, (2, 1), (4, 3))
+    assert np.array_equal(piece, np.arange(42, dtype=np.float32).reshape(7, 6)[2:6, 1:4])
+    assert len(source.reads("t", (2, 1), (4, 3))) == 2  # rows 2 (file 0) and 3-5 (file 1)
+
+
+def test_a_layout_with_a_missing_chunk_is_refused() -> None:
+    layout, _ = _row_layout((6, 2), 3)
+    del layout["t"]["chunks"][1]
+    source = ShardSource("/ckpt", layout, None, 3)
+    with pytest.raises(CheckpointError, match=r"cover 8 of the 12 values.*shards.json is damaged"):
+        source.reads("t", (0, 0), (6, 2))
+    with pytest.raises(CheckpointError, match="holds no 'u'"):
+        source.reads("u", (0,), (1,))
+
+
+# ------------------------------------------------------------- the protocol, on one process
+class ShardingNumpyDriver(NumpyDriver):
+    """The numpy driver writing its state as shards (one rank: each array is its own whole piece)."""
+
+    shards_state = True
+    reads_state_shards = True
+
+    def state_shards(self) -> StateShards:
+        pieces = {MODEL_PREFIX + k: ShardPiece(v, (0,) * v.ndim, v.shape) for k, v in self.model.params.items()}
+        return StateShards(pieces, {"lrs": [opt.lr for opt in self.optimizers]})
+
+    def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
+        params = self.model.params
+        if source.model_keys() != {k: v.shape for k, v in params.items()}:
+            raise CheckpointError("the saved model does not match")
+        for name, array in params.items():
+            for read in source.reads(MODEL_PREFIX + name, (0,) * array.ndim, array.shape):
+                with safetensors.safe_open(read.path, framework="np") as f:
+                    array[read.target] = f.get_slice(read.key)[read.source]
+        if optimizers:
+            for opt, lr in zip(self.optimizers, source.meta["lrs"], strict=True):
+                opt.lr = lr
+
+
+def _trainer(driver_class=ShardingNumpyDriver, lr: float = 0.05) -> Trainer:
+    model = LinearModel(3, 1)
+    optimizer = SGD(model.params, model.grads, lr=lr)
+    driver = driver_class(model)
+    return Trainer(model, ArrayLoader(make_regression(), batch_size=8), optimizer, driver=driver, n_epochs=1,
+                   progress_bar=None)
+
+
+def test_a_sharded_checkpoint_round_trips_and_exports(tmp_path) -> None:
+    trainer = _trainer()
+    trainer.run()
+    folder = tmp_path / "ckpt"
+    trainer.save_checkpoint(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["sharded"] == {"world_size": 1, "layout": "shards.json",
+                                   "files": ["shards-00000-of-00001.safetensors"]}
+    assert {"shards-00000-of-00001.safetensors", "shards.json", "training_state.json"} <= set(manifest["files"])
+    assert "model.safetensors" not in manifest["files"]
+    expected = {k: v.copy() for k, v in trainer.driver.model.params.items()}
+
+    fresh = _trainer(lr=0.9)
+    fresh.load_checkpoint(folder)
+    assert all(np.array_equal(fresh.driver.model.params[k], v) for k, v in expected.items())
+    assert fresh.driver.optimizers[0].lr == 0.05  # from the driver's meta
+
+    exported = export_weights(folder, tmp_path / "weights.safetensors")
+    with safetensors.safe_open(exported, framework="np") as f:
+        assert {k: f.get_tensor(k).tolist() for k in f.keys()} == {k: v.tolist() for k, v in expected.items()}
+
+
+def test_a_damaged_shard_file_loads_nothing(tmp_path) -> None:
+    trainer = _trainer()
+    trainer.run()
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    shard = tmp_path / "ckpt" / "shards-00000-of-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    fresh = _trainer()
+    before = {k: v.copy() for k, v in fresh.driver.model.params.items()}
+    with pytest.raises(CheckpointError, match="shards-00000-of-00001.safetensors is damaged"):
+        fresh.load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="is damaged"):
+        export_weights(tmp_path / "ckpt", tmp_path / "w.safetensors")
+    assert all(np.array_equal(fresh.driver.model.params[k], v) for k, v in before.items())
+
+
+def test_a_failed_shard_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch) -> None:
+    trainer = _trainer()
+    trainer.run()
+    folder = tmp_path / "ckpt"
+    trainer.save_checkpoint(folder)
+    before = (folder / "manifest.json").read_bytes()
+
+    def broken(tensors):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(trainer.driver, "tensor_file", broken)
+    with pytest.raises(CheckpointError, match=r"rank 0 failed \(OSError.*No space left.*is unchanged"):
+        trainer.save_checkpoint(folder)
+    assert (folder / "manifest.json").read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]  # no temporary folder left behind
+
+
+def test_a_driver_that_cannot_read_shards_says_how_to_get_the_weights(tmp_path) -> None:
+    trainer = _trainer()
+    trainer.run()
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    plain = _trainer(NumpyDriver)
+    with pytest.raises(CheckpointError, match=r"written in shards by 1 process.*drivetrain export"):
+        plain.load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="drivetrain export"):
+        plain.load_model(tmp_path / "ckpt")
+
+
+def test_the_default_driver_does_not_shard() -> None:
+    from drivetrain import DriverError
+
+    driver = NumpyDriver(LinearModel(3, 1))
+    assert driver.shards_state is False and driver.reads_state_shards is False
+    with pytest.raises(DriverError, match="does not shard its state"):
+        driver.state_shards()
