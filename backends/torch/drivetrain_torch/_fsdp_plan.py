@@ -45,6 +45,10 @@ FSDP_KWARGS = {
     "of keeping them (needs blocks: see 'wrap')",
     "reshard_after_forward": "bool (default True): free each block's gathered parameters after its forward "
     "(gathered again in backward); False keeps them, trading memory for one all-gather less",
+    "init": "callable(module) that fills the parameters and buffers of a model built on the meta device "
+    "(with torch.device('meta'): model = Net()), after each rank has allocated only its own shards (default: "
+    "every submodule's reset_parameters()); load pretrained weights afterwards with trainer.load_model(path), "
+    "which reads each rank's slices only",
     "state_dict": "'sharded' (default): each rank writes its own pieces of the model and optimizer state to a "
     "checkpoint in parallel, nothing gathered (loads at any world size, into driver='torch' too; `drivetrain "
     "export` merges the weights); 'full': gather everything to rank 0, which writes the torch drivers' one-file "
@@ -66,6 +70,7 @@ class FSDPPlan(DistPlan):
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True
     state_dict: str = "sharded"
+    init: Callable[[torch.nn.Module], None] | None = None
 
 
 def plan_fsdp(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> FSDPPlan:
@@ -107,6 +112,17 @@ def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: 
         activation_checkpointing=bool_option(options, "activation_checkpointing", False, argument=OPTIONS),
         reshard_after_forward=bool_option(options, "reshard_after_forward", True, argument=OPTIONS),
         state_dict=choice_option(options, "state_dict", ("sharded", "full"), "sharded", argument=OPTIONS),
+        init=_init_option(options.get("init")),
+    )
+
+
+def _init_option(init: Any) -> Callable[[torch.nn.Module], None] | None:
+    if init is None or callable(init):
+        return init
+    raise DriverError(
+        f"{OPTIONS}['init']={init!r}: give a callable(module) that initialises the meta-device model's "
+        "parameters in place (e.g. lambda m: m.apply(my_init)), or leave it out to call reset_parameters(); "
+        "load pretrained weights with trainer.load_model(path) after building the Trainer."
     )
 
 

@@ -86,18 +86,42 @@ class TorchFSDPDriver(TorchDDPDriver):
 
     # ------------------------------------------------------------------ lifecycle
     def _join(self) -> None:
-        """Join the process group, take rank 0's weights, shard the model, re-point the optimizers."""
+        """Join the process group, take rank 0's weights (or, for a model built on the meta device, create
+        each rank's shards in place), shard the model, re-point the optimizers."""
         self._connect()
         module = self.model
-        module.to(self.device)
         names = {id(p): name for name, p in module.named_parameters()}
-        with self._collective("broadcasting rank 0's weights and sharding the model with fully_shard"):
-            with torch.no_grad():
-                for tensor in [*module.parameters(), *module.buffers()]:
-                    dist.broadcast(tensor, src=0)
-            self._shard(module)
+        if _on_meta(module):
+            with self._collective("sharding the meta-device model with fully_shard"):
+                self._shard(module)
+            module.to_empty(device=self.device)  # each rank allocates its own shards only
+            self._initialise_shards(module)
+        else:
+            module.to(self.device)
+            with self._collective("broadcasting rank 0's weights and sharding the model with fully_shard"):
+                with torch.no_grad():
+                    for tensor in [*module.parameters(), *module.buffers()]:
+                        dist.broadcast(tensor, src=0)
+                self._shard(module)
         self._sharded = True
         self._rebind_optimizers(names)
+
+    def _initialise_shards(self, module: torch.nn.Module) -> None:
+        """Fill the freshly allocated shards: the user's ``init`` callable, else every submodule's
+        ``reset_parameters()``. On the CPU each rank draws from its own stream (seed + rank): DTensor's
+        generator tracking covers accelerators only, and one shared stream would repeat the same rows in
+        every shard."""
+        init = self.plan.init
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            if self.device.type == "cpu":
+                torch.manual_seed(torch.initial_seed() + self.rank)
+            if init is not None:
+                init(module)
+                return
+            for sub in module.modules():
+                reset = getattr(sub, "reset_parameters", None)
+                if callable(reset):
+                    reset()
 
     def _shard(self, module: torch.nn.Module) -> None:
         """``fully_shard`` each block (children before parents), then the root."""
@@ -349,6 +373,12 @@ class TorchFSDPDriver(TorchDDPDriver):
             full = as_tensor(value, f"gradients[{name!r}]").to(device=param.device, dtype=param.dtype)
             # every rank holds the full gradient: each keeps its own shard, no communication
             param.grad = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+
+
+def _on_meta(module: torch.nn.Module) -> bool:
+    """Whether the model was built on the meta device (``with torch.device("meta"): model = Net()``)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return bool(tensors) and all(t.is_meta for t in tensors)
 
 
 def select_blocks(module: torch.nn.Module, wrap: Any) -> list[torch.nn.Module]:

@@ -86,6 +86,7 @@ class _Chunk:
     file: str
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
+    key: str | None  # the tensor's name in the file, when not the state key itself
 
 
 class ShardSource:
@@ -139,7 +140,7 @@ class ShardSource:
             source = tuple(slice(lo - c, hi - c) for lo, hi, c in zip(lows, highs, chunk.offsets, strict=True))
             target = tuple(slice(lo - o, hi - o) for lo, hi, o in zip(lows, highs, offsets, strict=True))
             whole = all(s.stop - s.start == n for s, n in zip(source, chunk.sizes, strict=True))
-            plans.append(ShardRead(os.path.join(self.folder, chunk.file), key, source, target, whole))
+            plans.append(ShardRead(os.path.join(self.folder, chunk.file), chunk.key or key, source, target, whole))
             covered += math.prod(hi - lo for lo, hi in zip(lows, highs, strict=True))
             if not offsets:
                 break
@@ -150,7 +151,7 @@ class ShardSource:
 
 
 def _chunks(entry: Mapping[str, Any]) -> list[_Chunk]:
-    return [_Chunk(c["file"], tuple(c["offsets"]), tuple(c["sizes"])) for c in entry["chunks"]]
+    return [_Chunk(c["file"], tuple(c["offsets"]), tuple(c["sizes"]), c.get("key")) for c in entry["chunks"]]
 
 
 def shard_file(rank: int, world_size: int) -> str:
@@ -311,6 +312,27 @@ def open_shards(driver: Driver, loaded: LoadedCheckpoint) -> ShardSource:
     if bad:
         raise CheckpointError(bad[0] + " Nothing was loaded.")
     return parse_layout(folder, manifest, loaded.files.get(manifest["sharded"].get("layout", LAYOUT_FILE)))
+
+
+_HEADER_LIMIT = 100 << 20
+
+
+def whole_file_source(path: str) -> ShardSource:
+    """A plain safetensors file of model weights (a ``model.safetensors``, an export, a Hugging Face file) seen
+    as a sharded checkpoint one process wrote, so a sharding driver reads only the slices each rank keeps."""
+    try:
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if length > _HEADER_LIMIT:
+                raise ValueError(f"header size {length} is implausible")
+            header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+        layout = {MODEL_PREFIX + name: {"dtype": info["dtype"], "shape": list(info["shape"]), "chunks": [
+            {"file": os.path.basename(path), "offsets": [0] * len(info["shape"]), "sizes": list(info["shape"]),
+             "key": name}]} for name, info in header.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc}).") from exc
+    return ShardSource(os.path.dirname(os.path.abspath(path)), layout, None, 1)
 
 
 def parse_layout(folder: str, manifest: Mapping[str, Any], data: bytes | None) -> ShardSource:

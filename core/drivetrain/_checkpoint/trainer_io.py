@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .folder import CheckpointError, read_checkpoint, write_checkpoint
-from .sharded import is_sharded, open_shards, write_sharded_checkpoint
+from .folder import CheckpointError, read_checkpoint, read_manifest, verified_file, write_checkpoint
+from .sharded import is_sharded, open_shards, whole_file_source, write_sharded_checkpoint
 from .training import (
     MODEL_FILE,
     build_checkpoint,
     build_model_checkpoint,
+    check_format,
     check_model_fits,
     decode_checkpoint,
     process_state,
@@ -99,6 +100,21 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
     restore_process_state(driver, state)  # last, so nothing done while loading shifts the restored RNGs
 
 
+def _verified_model_file(driver: Any, path: str) -> str:
+    """The weights file of ``path`` (a bare file, or a checkpoint folder's, its checksum streamed and its
+    format checked)."""
+    if os.path.isfile(path):
+        return path
+    folder = os.path.abspath(path)
+    manifest = read_manifest(folder)
+    check_format(driver, manifest, folder)
+    record = manifest["files"].get(MODEL_FILE)
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{folder}: the manifest lists no {MODEL_FILE}.")
+    verified_file(folder, MODEL_FILE, record, keep=False)
+    return os.path.join(folder, MODEL_FILE)
+
+
 def save_model(trainer: Trainer, folder: str | os.PathLike) -> str:
     """Write the model's weights as the folder ``folder``; returns the weights file's path."""
     path = os.path.abspath(os.fspath(folder))
@@ -119,6 +135,11 @@ def load_model(trainer: Trainer, folder: str | os.PathLike) -> None:
     """Load weights from a folder (checksums verified first) or from a bare ``.safetensors`` file."""
     driver = trainer.driver
     path = os.fspath(folder)
+    if driver.shards_state and not (os.path.isdir(path) and is_sharded(read_manifest(path))):
+        # a sharding driver reads a whole-file model by slices too: no rank holds the full weights
+        driver.load_state_shards(whole_file_source(_verified_model_file(driver, path)), optimizers=False)
+        trainer.fire("on_load_model")
+        return
     if os.path.isfile(path):
         tensors = driver.load_tensors(path)
     else:

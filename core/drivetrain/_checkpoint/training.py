@@ -129,11 +129,7 @@ def decode_checkpoint(loaded: LoadedCheckpoint, driver: Driver, allow_pickle: bo
     """Parse a verified checkpoint fully in memory (only the weights when ``model_only``); nothing is applied yet."""
     manifest = loaded.manifest
     where = loaded.folder
-    if manifest.get("driver") != format_name(driver):
-        raise CheckpointError(
-            f"{where} was written by driver {manifest.get('driver')!r} but this trainer uses {driver.name!r}; "
-            "load it with the same framework's driver."
-        )
+    check_format(driver, manifest, where)
     sharded = isinstance(manifest.get("sharded"), dict)
     if MODEL_FILE not in loaded.files and not sharded:
         raise CheckpointError(f"{where}: the manifest lists no {MODEL_FILE}.")
@@ -161,6 +157,15 @@ def decode_checkpoint(loaded: LoadedCheckpoint, driver: Driver, allow_pickle: bo
                 )
             pickled = pickle.loads(loaded.files[PICKLE_FILE])  # noqa: S301 - explicit opt-in above
     return DecodedCheckpoint(model, state, pickled)
+
+
+def check_format(driver: Driver, manifest: Mapping[str, Any], where: str) -> None:
+    """The checkpoint must be in the driver's format (its framework's drivers share one)."""
+    if manifest.get("driver") != format_name(driver):
+        raise CheckpointError(
+            f"{where} was written by driver {manifest.get('driver')!r} but this trainer uses {driver.name!r}; "
+            "load it with the same framework's driver."
+        )
 
 
 def _parse_tensors(driver: Driver, loaded: LoadedCheckpoint, name: str) -> dict[str, Any]:

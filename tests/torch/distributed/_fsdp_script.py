@@ -28,6 +28,10 @@ Trainer starts the process group, the later ones use it) and writes
   rank 1's disk "full" (its file write raises ENOSPC): every rank must raise naming rank 1, and
   ``OUT/kept`` must still be the first checkpoint (the errors and its manifest time are recorded).
 
+- ``meta``: the model built on the meta device (each rank allocates only its shards, initialised by
+  ``reset_parameters``; recorded as ``initialised``), then ``load_model`` of the seed-0 weights as a plain
+  safetensors file (each rank reads its slices), then the ``full`` run (no evaluation).
+
 Every phase also records the full optimizer state (``optim``).
 
 With ``--nproc 2`` the script is started as ``python _fsdp_script.py`` and the Trainer starts rank 1.
@@ -39,6 +43,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -145,6 +150,15 @@ def state_lists(state: dict) -> dict[str, list[float]]:
 def run_phase(phase: str, args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = Net()
+    initial_file = os.path.join(args.out, "initial.safetensors")
+    if phase == "meta":
+        if int(os.environ.get("RANK", "0")) == 0:
+            from safetensors.torch import save_file
+
+            save_file(model.state_dict(), initial_file + ".tmp")
+            os.replace(initial_file + ".tmp", initial_file)
+        with torch.device("meta"):
+            model = Net()
     recorder = Recorder()
     callbacks: list = [recorder]
     run_options: dict = {}
@@ -174,6 +188,12 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
         options["nproc"] = args.nproc
     trainer = build_trainer(model, batch_size=BATCH_PER_RANK, driver=driver, callbacks=callbacks,
                             evaluate=phase == "full", **options)
+    initialised = None
+    if phase == "meta":
+        initialised = state_lists(trainer.driver.model_state())
+        while not os.path.exists(initial_file):  # rank 0 writes it; the ranks meet in the next collective
+            time.sleep(0.05)
+        trainer.load_model(initial_file)
     if phase == "save-fails":
         write_result(trainer, phase, args.out, recorder, save=False)
         save_fails(trainer, os.path.join(args.out, "kept"), os.path.join(args.out, f"{phase}-rank{trainer.driver.rank}.json"))
@@ -190,6 +210,7 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
             raise
         run_options["refused"] = str(exc.__cause__)
     result = write_result(trainer, phase, args.out, recorder, save=False)
+    result["initialised"] = initialised
     d = trainer.driver
     if phase == "mid-cycle":
         result["refused"] = run_options.get("refused")

@@ -73,7 +73,7 @@ def reference(tmp_path_factory) -> dict:
 def run(reference, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
     phases = ("full,interrupt,resume-same,resume-one,ddp-interrupt,resume-from-ddp,ddp-from-fsdp,options,fp16,"
-              "mid-cycle,full-state,save-fails")
+              "mid-cycle,full-state,save-fails,meta")
     _launch(out, phases, 2, "--one-process", str(reference["folder"]))
     return out
 
@@ -264,6 +264,17 @@ def test_a_rank_failing_to_write_its_shard_leaves_the_previous_checkpoint(run) -
         assert "rank 1 failed (OSError" in result["error"] and "No space left" in result["error"]
         assert "previous checkpoint under this name, if any, is unchanged" in result["error"]
         assert result["unchanged"] and result["leftovers"] == []
+
+
+def test_a_meta_device_model_is_created_shard_by_shard_and_loads_weights_by_slice(run, reference) -> None:
+    """Built on the meta device, each rank initialises only its rows (drawn per rank: no repeated rows), then
+    load_model reads each rank's slices of a plain file; training from there equals the normal FSDP run."""
+    full = _read(run, "full")[0]["params"]
+    for result in _read(run, "meta").values():
+        weight = result["initialised"]["blocks.0.fc.weight"]
+        rows = [weight[i * 16:(i + 1) * 16] for i in range(16)]
+        assert rows[:8] != rows[8:]  # rank 0's shard and rank 1's were drawn from different streams
+        assert result["params"] == full
 
 
 def test_state_dict_full_gathers_to_rank_zero_in_one_file(run) -> None:
