@@ -1,8 +1,9 @@
 """What each rank runs in the elastic-restart test, under ``torchrun --nproc_per_node 2 --max-restarts 1``.
 
-    _elastic_script.py OUT KILL_AT
+    _elastic_script.py OUT KILL_AT [DRIVER]
 
-Trains ``_fsdp_script``'s model and data with ``driver="torch"`` (DDP), a CheckpointCallback every 2
+Trains ``_fsdp_script``'s model and data with DRIVER (``torch``: DDP, the default; ``torch_fsdp``: FSDP2
+with sharded checkpoints), a CheckpointCallback every 2
 batches into ``OUT/ckpt`` and ``run(resume_from="latest")``. On the first attempt (no ``OUT/killed``
 marker yet) rank 1 writes the marker and kills itself with SIGKILL after batch KILL_AT; torchrun then
 restarts the whole group, which resumes from the newest checkpoint. Once that run ends, the same
@@ -38,11 +39,11 @@ def _kill_once(out: str, kill_at: int):
     return maybe_kill
 
 
-def _train(out: str, kill_at: int | None) -> tuple[dict, int]:
+def _train(out: str, kill_at: int | None, driver: str) -> tuple[dict, int]:
     """One run; with ``kill_at``, the elastic one. Returns the final parameters and the batch it started from."""
     torch.manual_seed(0)
     callbacks = [CheckpointCallback(os.path.join(out, "ckpt"), every_n_batches=2)] if kill_at is not None else []
-    trainer = script.build_trainer(script.Net(), batch_size=script.BATCH_PER_RANK, driver="torch",
+    trainer = script.build_trainer(script.Net(), batch_size=script.BATCH_PER_RANK, driver=driver,
                                    callbacks=callbacks)
     started: list[int] = []
     trainer.add_callback_fn(Event.on_train_begin(), lambda t: started.append(t.global_forward_batches))
@@ -54,9 +55,9 @@ def _train(out: str, kill_at: int | None) -> tuple[dict, int]:
     return script.state_lists(trainer.driver.model_state()), started[0]
 
 
-def main(out: str, kill_at: int) -> None:
-    elastic, started = _train(out, kill_at)
-    unbroken, _ = _train(out, None)
+def main(out: str, kill_at: int, driver: str) -> None:
+    elastic, started = _train(out, kill_at, driver)
+    unbroken, _ = _train(out, None, driver)
     if int(os.environ["RANK"]) == 0:
         result = {"elastic": elastic, "unbroken": unbroken, "started": started,
                   "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", -1))}
@@ -66,4 +67,4 @@ def main(out: str, kill_at: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "torch")
