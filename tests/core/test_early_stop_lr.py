@@ -89,6 +89,17 @@ def test_nan_is_never_an_improvement():
     assert trainer.global_forward_batches == 3 and stop.best == 1.0
 
 
+def test_evaluate_after_an_early_stop_evaluates_and_stops_nothing():
+    stop = EarlyStopCallback(monitor="score", patience=1)
+    trainer = make_trainer([stop], script=from_table({1: 1.0, 2: 0.5}), n_batches=4)
+    trainer.run(num_eval_sanity_batch=0)
+    assert trainer.global_forward_batches == 2
+    before = (stop.best, stop.wait)
+    for _ in range(3):  # each would be an evaluation without improvement if it counted
+        assert trainer.evaluate() == {"score#score": 0.5}
+    assert (stop.best, stop.wait) == before
+
+
 # Rises to batch 6, then flat: with patience 4 the run stops after batch 10.
 PLATEAU = lambda step: float(min(step, 6))  # noqa: E731
 

@@ -20,6 +20,8 @@ class EarlyStopCallback(Callback):
     move. ``monitor``/``larger_better`` default to the Trainer's. The Trainer ends
     cleanly (``on_train_end`` runs, CheckpointCallback still writes ``last``). The
     best value and the count of evaluations without improvement travel in checkpoints.
+    Only evaluations during ``run()`` count: ``trainer.evaluate()`` before or after
+    training neither moves the best nor stops anything.
     """
 
     def __init__(self, monitor: Any = None, larger_better: bool | None = None, patience: int = 3,
@@ -44,12 +46,21 @@ class EarlyStopCallback(Callback):
         self.wait = 0  # evaluations since the last improvement
         self._monitor: Any = None
         self._larger_better = True
+        self._training = False
+
+    def on_train_begin(self, trainer: Any) -> None:
+        self._training = True
+
+    def on_train_end(self, trainer: Any) -> None:
+        self._training = False
 
     def on_after_trainer_initialized(self, trainer: Any, driver: Any) -> None:
         self._monitor, self._larger_better = resolve_monitor(
             _OWNER, "early stopping", self.monitor, self.larger_better, trainer)
 
     def on_evaluate_end(self, trainer: Any, results: Any) -> None:
+        if not self._training:  # a standalone trainer.evaluate(): nothing to stop
+            return
         value = trainer.monitor_value(results, self._monitor)
         if is_better(value, self.best, self._larger_better, self.min_delta):
             self.best, self.wait = value, 0
