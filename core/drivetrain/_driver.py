@@ -105,22 +105,27 @@ class Driver(abc.ABC):
         """Called when the loop raises, before callbacks see the exception (e.g. to abort peers)."""
 
     def is_distributed(self) -> bool:
+        """Whether this driver runs one process of several (the collectives below then communicate)."""
         return False
 
     @property
     def rank(self) -> int:
+        """This process's index among all processes of the run (0 without distribution)."""
         return 0
 
     @property
     def local_rank(self) -> int:
+        """This process's index among the processes of its machine (picks its GPU)."""
         return 0
 
     @property
     def world_size(self) -> int:
+        """How many processes the run has."""
         return 1
 
     @property
     def is_global_zero(self) -> bool:
+        """Whether this is rank 0, the process that writes files and prints (checkpoints, logs, bars)."""
         return self.rank == 0
 
     def barrier(self) -> None:
@@ -297,9 +302,11 @@ class Driver(abc.ABC):
 
     # ---------------------------------------------------------------- collectives
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank (a picklable Python object; every rank calls it)."""
         return obj
 
     def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank (every rank calls it)."""
         return [obj]
 
     def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
@@ -495,6 +502,7 @@ class Driver(abc.ABC):
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:
+        """One line naming the driver, its class and settings, for logs and ``repr``."""
         return f"{self.name} driver ({type(self).__qualname__}) precision={self.precision}"
 
 

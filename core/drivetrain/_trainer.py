@@ -262,12 +262,15 @@ class Trainer:
         self.callback_manager.add_fn(event, fn, where="add_callback_fn")
 
     def fire(self, name: str, *args: Any) -> None:
+        """Run the callbacks registered for event ``name`` (an :class:`Event` name) with ``args``; a callback that
+        raises is reported as a :class:`CallbackError` naming it and the event."""
         handlers = self._handlers[name]
         if handlers:
             self.callback_manager.fire(name, self, *args)
 
     @property
     def callbacks(self) -> list[Callback]:
+        """The callbacks of this trainer, in the order they run (a copy: add them with ``add_callback_fn``)."""
         return list(self.callback_manager.callbacks)
 
     # ------------------------------------------------------------------- the loop

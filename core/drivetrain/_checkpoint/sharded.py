@@ -109,6 +109,7 @@ class ShardSource:
         return {key[len(MODEL_PREFIX):]: self.shape(key) for key in self._tensors if key.startswith(MODEL_PREFIX)}
 
     def shape(self, key: str) -> tuple[int, ...]:
+        """The full shape of the stored tensor ``key`` (all ranks' pieces together)."""
         return tuple(self._entry(key)["shape"])
 
     def dtype(self, key: str) -> str:
