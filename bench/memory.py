@@ -1,4 +1,8 @@
-"""Peak resident memory per rank: DDP (``driver="torch"``) against FSDP2 (``driver="torch_fsdp"``).
+"""Peak resident memory per rank: DDP (``driver="torch"``) against FSDP2 (``driver="torch_fsdp"``) and DeepSpeed
+ZeRO-3 (``driver="deepspeed"``, side ``zero3``; skipped when deepspeed is not installed).
+
+ZeRO-3 runs with :data:`LEAN_ZERO3` (nothing gathered is kept, small reduce buckets): with DeepSpeed's
+defaults every gathered block stays live and a 50M model keeps all of its weights gathered.
 
 A ~50M-parameter residual MLP (6 blocks of Linear(1024, 4096) - GELU - Linear(4096, 1024)
 with LayerNorm; a ModuleList, so FSDP shards each block) trained with Adam for a few steps,
@@ -28,6 +32,7 @@ shared 2-core machine move with its load (reported).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -40,7 +45,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 WIDTH, HIDDEN, BLOCKS, BATCH = 1024, 4096, 6, 8
-SIDES = ("ddp", "fsdp", "hand-fsdp")
+SIDES = ("ddp", "fsdp", "hand-fsdp", "zero3")
+DRIVERS = {"ddp": "torch", "fsdp": "torch_fsdp", "zero3": "deepspeed"}
+LEAN_ZERO3 = {"stage": 3, "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0,
+              "stage3_prefetch_bucket_size": 0, "reduce_bucket_size": 5 * 10**6}
+"""ZeRO-3 keeping no gathered parameter around (DeepSpeed's defaults keep up to 1e9 live, i.e. all of this model)."""
 MMAP_THRESHOLD = "1048576"
 
 
@@ -73,6 +82,8 @@ def worker(side: str, steps: int, out: str) -> None:
     from drivetrain import Callback, Trainer
 
     torch.set_num_threads(1)
+    if side == "zero3":
+        import deepspeed  # noqa: F401  (imported before the baseline, as torch is: its import is not training)
     baseline = _status_kib("VmRSS")
     resettable = reset_peak()
     rank = int(os.environ["RANK"])
@@ -136,9 +147,9 @@ def worker(side: str, steps: int, out: str) -> None:
         loader = torch.utils.data.DataLoader(data, batch_size=BATCH,
                                              collate_fn=lambda items: {"x": torch.stack([i[0] for i in items]),
                                                                        "y": torch.stack([i[1] for i in items])})
-        trainer = Trainer(model, loader, torch.optim.Adam(model.parameters(), lr=1e-4),
-                          driver="torch" if side == "ddp" else "torch_fsdp", n_epochs=1, n_batches=steps,
-                          callbacks=[Steps()], progress_bar=None)
+        options = {"deepspeed_kwargs": {"config": {"zero_optimization": LEAN_ZERO3}}} if side == "zero3" else {}
+        trainer = Trainer(model, loader, torch.optim.Adam(model.parameters(), lr=1e-4), driver=DRIVERS[side],
+                          n_epochs=1, n_batches=steps, callbacks=[Steps()], progress_bar=None, **options)
         trainer.run(num_eval_sanity_batch=0)
     end = _status_kib("VmHWM")
     result = {"rank": rank, "world": world, "side": side, "params": n_params, "baseline_kib": baseline,
@@ -219,6 +230,10 @@ def main() -> None:
     if args.worker:
         worker(args.worker, args.steps, args.out)
         return
+    if "zero3" in args.sides and importlib.util.find_spec("deepspeed") is None:
+        print("deepspeed is not installed: side zero3 skipped (pip install 'drivetrain-torch[deepspeed]')",
+              file=sys.stderr)
+        args.sides.remove("zero3")
     started, load = time.monotonic(), os.getloadavg()
     results: dict[tuple[str, int, bool], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="drivetrain-memory-") as folder:

@@ -28,6 +28,7 @@ from drivetrain.backend import (
     bool_option,
     check_layout_arguments,
     check_process_count,
+    choice_option,
     env_address,
     env_master,
     plan_options,
@@ -60,9 +61,15 @@ DIST_KWARGS = {
     "overlap": "bool (default True with nccl, False with gloo): True all-reduces the gradients in DataParallel's "
     "reducer during backward (as torch DDP does); False once per step, after backward. With gloo a peer killed "
     "during backward makes paddle abort the survivor unnamed (see docs/backends/paddle.md)",
+    "sharding": "'os', 'os_g' or 'p_g_os' (default None: data parallelism): paddle's group sharding "
+    "(paddle.distributed.sharding.group_sharded_parallel) splits the optimizer state ('os'), also the gradients "
+    "('os_g'), also the parameters ('p_g_os') over the processes; GPUs (or XPUs) only",
     **LAUNCH_OPTION_DOCS,
 }
 _OPTIONS = "paddle_kwargs"
+SHARDING_LEVELS = ("os", "os_g", "p_g_os")
+_PADDLE_SHARDING_REASON = "group_sharded_parallel only support gpu, xpu and custom_device now"
+"""What paddle 3.3 asserts on a CPU (quoted when it cannot be asked: this process's paddle device is not the CPU)."""
 
 LAUNCH_HINT = ("Start every process with paddle's launcher (python -m paddle.distributed.launch --nproc_per_node N "
                "--log_dir /tmp/paddle-logs train.py), which sets PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, "
@@ -88,6 +95,8 @@ class DistPlan(_CorePlan):
     strategy: Any
     find_unused_parameters: bool
     overlap: bool  # average the gradients in DataParallel's reducer during backward, else once per step after it
+    sharding: str | None = None
+    """paddle's group sharding level (``'os'``, ``'os_g'``, ``'p_g_os'``), or None for data parallelism."""
     spawn_store: tuple[str, int] | None = None
     """(address, port) of the store the parent of spawned processes hosts (``spawned`` only)."""
     gpus: tuple[int, ...] | None = None
@@ -166,7 +175,43 @@ def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: 
         strategy=strategy, master=master, spawn_store=spawn_store, gpus=gpus,
         find_unused_parameters=bool_option(options, "find_unused_parameters", False, argument=_OPTIONS),
         overlap=bool_option(options, "overlap", backend == "nccl", argument=_OPTIONS),
+        sharding=_sharding_option(options, resolved, fleet),
     )
+
+
+def _sharding_option(options: Mapping[str, Any], device: Device, fleet: bool) -> str | None:
+    """``paddle_kwargs['sharding']``: a level paddle knows, on a device paddle shards on, without fleet."""
+    level = choice_option(options, "sharding", SHARDING_LEVELS, None, argument=_OPTIONS)
+    if level is None:
+        return None
+    if fleet:
+        raise DriverError(
+            f"{_OPTIONS}['sharding']={level!r} wraps the model with group_sharded_parallel, but 'fleet': True wraps it "
+            "with fleet.distributed_model; use one of them (remove 'fleet' for group sharding)."
+        )
+    if device.kind != "gpu":
+        raise DriverError(
+            f"{_OPTIONS}['sharding']={level!r} needs GPUs: paddle refuses to shard on {device.name} "
+            f"(\"{_paddle_sharding_reason()}\"). On the CPU remove 'sharding' (plain data parallelism: every process "
+            "holds the whole model), or train a torch model with driver='torch_fsdp' or driver='deepspeed', "
+            "which shard on the CPU."
+        )
+    return level
+
+
+def _paddle_sharding_reason() -> str:
+    """paddle's own words for refusing the CPU: its device check runs before it looks at any argument."""
+    if paddle.get_device().split(":")[0] != "cpu":
+        return _PADDLE_SHARDING_REASON
+    from paddle.distributed.sharding import group_sharded_parallel
+
+    try:
+        group_sharded_parallel(None, None, "os")
+    except AssertionError as exc:
+        return str(exc) or _PADDLE_SHARDING_REASON
+    except Exception:  # a paddle that checks something else first: its words are not these
+        return _PADDLE_SHARDING_REASON
+    return _PADDLE_SHARDING_REASON
 
 
 def _check_strategy(strategy: Any, fleet: bool) -> None:

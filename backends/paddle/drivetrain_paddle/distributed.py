@@ -36,7 +36,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,7 @@ from drivetrain.backend import (
 from ._dataloader import describe_sampling, reproducible_dataloader, unrepeated_dataloader
 from ._dist_plan import DIST_KWARGS, GLOO_LIMIT, DistPlan, master_address
 from ._launch import paddle_relaunch_command, paddle_store, start_children
+from ._sharding import GroupSharding
 from .driver import FRAMEWORK_KWARGS, PaddleSingleDriver
 
 __all__ = ["DistributedError", "PaddleDataParallelDriver"]
@@ -110,6 +111,15 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
                                       silent_peer=self._silent_peer)
         self._group: Any = None  # the group gradients are averaged over (None: every process)
         self._unchecked = plan.overlap and not plan.find_unused_parameters  # see step()
+        self._sharding: GroupSharding | None = None  # paddle_kwargs['sharding'] (see _sharding.py)
+        self._gathered_optimizer: list[Any] | None = None
+        if plan.sharding and grad_clip is not None:
+            raise DriverError(
+                f"grad_clip={grad_clip} with paddle_kwargs['sharding']={plan.sharding!r}: each process holds a share "
+                "of the gradients, so clip in the optimizer, whose clip group sharding makes global: "
+                "grad_clip=paddle.nn.ClipGradByGlobalNorm(clip_norm) in the optimizer's constructor, and no Trainer "
+                "grad_clip."
+            )
 
     # ------------------------------------------------------------------ lifecycle
     def _join(self) -> None:
@@ -122,6 +132,14 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
 
         if plan.fleet:
             self._group = fleet.get_hybrid_communicate_group().get_data_parallel_group()
+        if plan.sharding:
+            with self._collective(f"wrapping the model with group_sharded_parallel (level {plan.sharding!r})"):
+                self._sharding = GroupSharding(plan.sharding, self.model, self.optimizers, self.grad_scaler,
+                                               self._group)
+            self.stepped_optimizers = [self._sharding.optimizer]
+            if self._sharding.scaler is not None:
+                self.grad_scaler = self._sharding.scaler
+            return
         if self._dp is None and any(not p.stop_gradient for p in self.model.parameters()):
             with self._collective("wrapping the model in paddle.DataParallel (it copies rank 0's weights)"):
                 self._dp = fleet.distributed_model(self.model) if plan.fleet else paddle.DataParallel(
@@ -194,6 +212,8 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
     def get_model_call_fn(self, fn_name: str | None, default: str = "train_step") -> tuple[Callable, Callable]:
         """With overlap, training calls arm DataParallel's reducer; evaluation always calls the bare model."""
         fn, signature = super().get_model_call_fn(fn_name, default)
+        if default == "train_step" and self._sharding is not None:
+            return self._sharding.call(fn, self.model), signature
         if default != "train_step" or self._dp is None or not self.plan.overlap:
             return fn, signature
         dp = self._dp
@@ -217,6 +237,9 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
             super().backward(loss)
 
     def step(self) -> None:
+        if self._sharding is not None:  # the sharded optimizer reduces and steps its share
+            super().step()
+            return
         if self._params and not self.plan.overlap:
             with self._collective("averaging the gradients (all_reduce before the optimizer step)"):
                 self._average_gradients()
@@ -244,6 +267,34 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
                 for grad, piece in zip(grads, paddle.split(flat, [g.size for g in grads]), strict=True):
                     paddle.assign(piece.reshape(grad.shape), output=grad)
 
+    # ---------------------------------------------------------------------- state
+    @contextlib.contextmanager
+    def gathering_state(self) -> Iterator[None]:
+        """With group sharding: the full weights (stage 3) and every share's optimizer state, for rank 0's save."""
+        sharding = self._sharding
+        if sharding is None:
+            yield
+            return
+        with self._collective("gathering the sharded weights and optimizer state (group sharding)"):
+            sharding.gather_parameters()
+            local = [self._optimizer_state(opt, f"optimizer_states()[{i}]") for i, opt in enumerate(self.optimizers)]
+            self._gathered_optimizer = [sharding.full_optimizer_state(state, self._gather_op) for state in local]
+        try:
+            yield
+        finally:
+            self._gathered_optimizer = None
+
+    def optimizer_states(self) -> list[Any]:
+        if self._gathered_optimizer is not None:
+            return self._gathered_optimizer
+        return super().optimizer_states()
+
+    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
+        if self._sharding is not None and isinstance(state, Mapping):
+            names = {p.name: name for name, p in self.unwrap_model().named_parameters()}
+            state = self._sharding.local_share(state, names)
+        super()._load_optimizer_state(optimizer, state, where)
+
     # ---------------------------------------------------------------- collectives
     def _barrier_op(self) -> None:
         dist.barrier()
@@ -265,6 +316,8 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         return tensor.numpy()
 
     def _kind(self) -> str:
+        if self.plan.sharding:
+            return f"PaddleDataParallelDriver, group sharding level {self.plan.sharding!r}"
         overlap = ", gradients averaged during backward" if self.plan.overlap else ""
         return f"PaddleDataParallelDriver, {'fleet collective' if self.plan.fleet else 'DataParallel'}{overlap}"
 

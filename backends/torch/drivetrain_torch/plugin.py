@@ -38,11 +38,31 @@ FSDP_CAPABILITIES = Capabilities(
         "distributed": "torch FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over the "
         "processes (gloo on CPU, nccl on CUDA), started like driver='torch' distributed (torchrun, nproc=N, "
         "device=[0, 1], or your own process group); options in torch_fsdp_kwargs (wrap, mixed_precision, "
-        "cpu_offload, activation_checkpointing, reshard_after_forward).",
+        "cpu_offload, activation_checkpointing, reshard_after_forward, state_dict, init); a model built on the "
+        "meta device is created shard by shard.",
         "bf16": "parameters gathered in bfloat16 for forward/backward (MixedPrecisionPolicy), gradients reduced "
         "in fp32, plus torch.autocast.",
+        "serialization": "Sharded checkpoints: every rank writes its own pieces in parallel (safetensors + JSON, "
+        "no pickle, nothing gathered); they load at any world size and into driver='torch', and `drivetrain "
+        "export` merges them (torch_fsdp_kwargs['state_dict']='full': gathered to rank 0, one file).",
+    },
+)
+
+DEEPSPEED_CAPABILITIES = Capabilities(
+    precisions=("fp32", "fp16", "bf16"),
+    distributed=("zero",),
+    devices=("cpu", "cuda"),
+    notes={
+        "distributed": "DeepSpeed ZeRO stages 1-3 (optimizer state, + gradients, + parameters sharded), started "
+        "like driver='torch' distributed (torchrun, the deepspeed launcher, nproc=N, device=[0, 1], your own "
+        "process group) or in one process; the config in deepspeed_kwargs['config'] (dict or JSON file), filled "
+        "from the Trainer's precision, grad_clip, accumulation_steps and batch size. Needs "
+        "pip install 'drivetrain-torch[deepspeed]'.",
+        "bf16": "DeepSpeed's bf16 (weights in bfloat16, fp32 master weights in the optimizer); float batches are "
+        "cast to bfloat16.",
+        "fp16": "DeepSpeed's fp16 with its dynamic loss scaler (GPUs; DeepSpeed's CPU accelerator has no fp16).",
         "serialization": "Checkpoints are the torch drivers' (safetensors + JSON, no pickle), gathered to rank 0: "
-        "they load at any world size and into driver='torch'.",
+        "they load at any world size and into driver='torch' (and torch_fsdp, which reads them).",
     },
 )
 
@@ -50,7 +70,10 @@ FSDP_CAPABILITIES = Capabilities(
 drivetrain_driver_specs = driver_specs_hook(
     "torch", CAPABILITIES, contract_versions=(1,), seed_function="torch:manual_seed",
     variants={"torch_fsdp": {"factory": "drivetrain_torch.factory:create_fsdp_driver",
-                             "capabilities": FSDP_CAPABILITIES}},
+                             "capabilities": FSDP_CAPABILITIES},
+              "deepspeed": {"factory": "drivetrain_torch.deepspeed:create_deepspeed_driver",
+                            "capabilities": DEEPSPEED_CAPABILITIES, "framework": "deepspeed",
+                            "install": 'pip install "drivetrain-torch[deepspeed]"'}},
 )
 """The torch driver's description (``seed_everything`` calls ``torch.manual_seed``, which seeds every CUDA device
 too, once torch is imported)."""

@@ -1,0 +1,414 @@
+"""TorchDeepSpeedDriver: ``driver="deepspeed"``, the model trained by a DeepSpeed ZeRO engine (stages 1-3).
+
+It starts, stops and talks to its peers exactly as :class:`~.distributed.TorchDDPDriver`
+(torchrun or the ``deepspeed`` launcher, the Trainer's own processes, or a process group
+the user initialised; one process is a world of one); what differs:
+
+- at set-up, rank 0's weights are broadcast, then ``deepspeed.initialize`` builds the engine
+  from the config :func:`._deepspeed_plan.merged_config` made (the user's, filled from the
+  Trainer's arguments), with the user's torch optimizer or the config's;
+- the Trainer owns gradient accumulation: DeepSpeed runs with
+  ``managed_gradient_accumulation=false``, so ``engine.backward`` only accumulates (the loss
+  arrives already divided by the cycle's size: ``scale_wrt_gas=False``) and every
+  ``engine.step()`` the Trainer makes at a cycle's end reduces, clips and steps; the first
+  step checks the cycle against the config's ``gradient_accumulation_steps``;
+- precision is DeepSpeed's (fp16/bf16 weights, fp32 master copy in the optimizer): no
+  autocast; floating-point batches are cast to the engine's dtype;
+- evaluation and prediction under ZeRO-3 gather the full parameters once (``eval``) and
+  release them when training resumes: ranks may evaluate different numbers of batches, and
+  a forward that gathers would then wait forever;
+- checkpoints are the torch drivers' (safetensors + JSON, nothing unpickled): every rank
+  joins :meth:`gathering_state`, which assembles the full fp32 weights and optimizer state
+  (:mod:`._deepspeed_state`), and rank 0 writes them; so a DeepSpeed checkpoint resumes at
+  any world size and in ``driver="torch"``, and one-file torch checkpoints load here
+  (sharded ones, ``torch_fsdp``'s default, are not read yet: ``reads_state_shards`` is False).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from drivetrain.backend import DriverError, loadable_model_state
+
+from . import _deepspeed_state as _ds
+from ._deepspeed_plan import (
+    CONFIG,
+    DEEPSPEED_KWARGS,
+    OPTIONS,
+    DeepSpeedPlan,
+    check_accumulation,
+    check_batch_size,
+)
+from ._deepspeed_plan import merged_config as _merged_config
+from ._device import move_to_device
+from .distributed import TorchDDPDriver
+from .plugin import DEEPSPEED_CAPABILITIES
+from .state import as_tensor
+
+__all__ = ["TorchDeepSpeedDriver"]
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class _ConfigOptimizer:
+    """Stands for the optimizer the DeepSpeed config builds, until :meth:`TorchDeepSpeedDriver.setup` builds it."""
+
+    param_groups: list[dict[str, Any]] = []
+
+    def __repr__(self) -> str:
+        return f"<the optimizer of {CONFIG}['optimizer'], built when the engine starts>"
+
+
+class TorchDeepSpeedDriver(TorchDDPDriver):
+    """Drives one rank of a DeepSpeed ZeRO run (built by ``create_deepspeed_driver`` from a :class:`DeepSpeedPlan`)."""
+
+    name = "deepspeed"
+    capabilities = DEEPSPEED_CAPABILITIES
+    checkpoint_format = "torch"  # the torch drivers' checkpoints: loads into driver="torch" and back
+    reads_state_shards = False  # ZeRO's flat partitions are not DTensors: torch_fsdp's sharded checkpoints are refused
+    accepted_kwargs: Mapping[str, str] = DEEPSPEED_KWARGS
+    not_here_kwargs: Mapping[str, str] = {
+        "ddp_kwargs": "configures DistributedDataParallel, which driver='deepspeed' does not use; remove it and put "
+        f"DeepSpeed's options in {CONFIG}.",
+        "grad_scaler_kwargs": "configures torch's GradScaler; DeepSpeed scales fp16 losses itself: put "
+        f"initial_scale_power, loss_scale_window, ... in {CONFIG}['fp16'].",
+    }
+    sharding = dataclasses.replace(TorchDDPDriver.sharding, option=OPTIONS, waits="DeepSpeed")
+    plan: DeepSpeedPlan
+
+    def __init__(self, model: Any, plan: DeepSpeedPlan, **options: Any) -> None:
+        super().__init__(model, plan, **options)
+        self.engine: Any = None
+        self.config: dict[str, Any] = {}
+        self._from_config = "optimizer" in plan.config
+        self._order: list[list[str]] = []
+        self._dtypes: dict[str, torch.dtype] = {}
+        self._gathered: tuple[dict[str, Any], list[Any]] | None = None
+        self._summoned: contextlib.ExitStack | None = None
+        self._micro_batches = 0  # backward calls since the last step
+        self._checked_cycle = False
+        self._cast = _DTYPES.get(self.precision)
+        self._check_precision()
+
+    def configure(self, options: dict[str, Any]) -> None:
+        """No autocast and no GradScaler: DeepSpeed runs the model in its precision and scales fp16 losses."""
+        self.non_blocking = self.device.type == "cuda"
+        self.set_to_none = True
+        self._precision = None
+        self.grad_scaler = None
+
+    def _check_precision(self) -> None:
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        supported = {"fp16": accelerator.is_fp16_supported(), "bf16": accelerator.is_bf16_supported()}
+        if not supported.get(self.precision, True):
+            other = "bf16" if self.precision == "fp16" and supported["bf16"] else "fp32"
+            raise DriverError(
+                f"precision={self.precision!r}: DeepSpeed's {accelerator.device_name()} accelerator does not support "
+                f"{self.precision}; use precision={other!r}, or train on GPUs."
+            )
+
+    def describe(self) -> str:
+        import deepspeed
+
+        described = super().describe().replace(f" {self.name}=", " torch=")
+        return f"{described} deepspeed={deepspeed.__version__} zero_stage={self.plan.zero_stage}"
+
+    # --------------------------------------------------------------- optimisation
+    def set_optimizers(self, optimizers: Any) -> None:
+        """The user's torch optimizers, or (``optimizers=None``) the one the config's ``optimizer`` builds."""
+        if optimizers is None and self._from_config:
+            self.optimizers = [_ConfigOptimizer()]
+            return
+        super().set_optimizers(optimizers)
+        if len(self.optimizers) > 1:
+            raise DriverError(
+                f"driver='deepspeed' steps one optimizer, but {len(self.optimizers)} were given; put every parameter "
+                "group in one torch optimizer (param groups may differ in learning rate)."
+            )
+        self.config = self._merged()  # refuses a contradiction now, when the Trainer is built
+
+    def _merged(self) -> dict[str, Any]:
+        torch_optimizers = bool(self.optimizers) and not isinstance(self.optimizers[0], _ConfigOptimizer)
+        return _merged_config(self.plan, precision=self.precision, grad_clip=self.grad_clip,
+                              grad_clip_type=self.grad_clip_type, torch_optimizers=torch_optimizers)
+
+    def backward(self, loss: Any) -> None:
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            self.raise_bad_loss(loss)
+        if loss.numel() != 1:
+            raise self.multi_value_error(loss)
+        with self._peer_failures("backward (DeepSpeed's gradient reduction)"):
+            self.engine.backward(loss, scale_wrt_gas=False)  # the Trainer divided it by the cycle's size
+        self._micro_batches += 1
+
+    def step(self) -> None:
+        """Reduce the accumulated gradients, clip them (``gradient_clipping``) and step: a cycle's end."""
+        if not self._checked_cycle and self._micro_batches:
+            check_accumulation(self.plan, self._micro_batches)
+            micro = self.engine.train_micro_batch_size_per_gpu()
+            self.engine.set_train_batch_size(micro * self._micro_batches * self.world_size)
+            self._checked_cycle = True
+        with self._peer_failures("the optimizer step (DeepSpeed's gradient reduction and update)"):
+            self.engine.step()
+        self._micro_batches = 0
+        if self.config.get("gradient_clipping"):
+            self.grad_norm = self.engine.get_global_grad_norm()
+
+    def zero_grad(self) -> None:
+        optimizer = getattr(self.engine, "optimizer", None)
+        if optimizer is not None and self._micro_batches == 0:  # inside a cycle the Trainer never zeroes
+            optimizer.zero_grad()
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # accumulation never reduces before step(): see the module docstring
+
+    @contextlib.contextmanager
+    def _peer_failures(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except (RuntimeError, dist.DistError) as exc:
+            self._guard.raise_peer_failure(exc, what)
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+    def _join(self) -> None:
+        """Join the process group, take rank 0's weights, build the DeepSpeed engine."""
+        import deepspeed
+
+        self._connect()
+        module = self.model
+        module.to(self.device)
+        names = {id(p): name for name, p in module.named_parameters()}
+        self._dtypes = {name: p.dtype for name, p in module.named_parameters(remove_duplicate=False)}
+        optimizer = None if self._from_config else (self.optimizers[0] if self.optimizers else None)
+        if optimizer is not None:
+            self._order = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+        if not self.config:
+            self.config = self._merged()
+        os.environ.setdefault("LOCAL_RANK", str(self.plan.local_rank))  # DeepSpeed asserts it is set
+        with self._collective("broadcasting rank 0's weights and starting the DeepSpeed engine"):
+            with torch.no_grad():
+                for tensor in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(tensor, src=0)
+            self.engine, built, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config,
+                                                            dist_init_required=False)
+        if self.engine.optimizer is not None:
+            base = _ds.base_optimizer(self.engine)
+            self.optimizers = [base]
+            if not self._order:  # the config's optimizer: built over every trainable parameter, in order
+                self._order = [[name for name, p in module.named_parameters() if p.requires_grad]]
+
+    def _start_process_group(self) -> None:
+        """A world of one (``launch='single'``) needs no rendezvous: an in-process store."""
+        plan = self.plan
+        if plan.launch != "single":
+            super()._start_process_group()
+            return
+        with self._collective("starting a process group of one"):
+            dist.init_process_group(backend=plan.backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=datetime.timedelta(seconds=plan.timeout))
+
+    # ---------------------------------------------------------------------- model
+    def get_model_call_fn(self, fn_name: str | None, default: str = "train_step") -> tuple[Callable, Callable]:
+        """Training through the engine's forward (or the named method, whose submodules gather under ZeRO-3)."""
+        fn, signature = super(TorchDDPDriver, self).get_model_call_fn(fn_name, default)
+        if default != "train_step" or self.engine is None:
+            return fn, signature
+        engine, method = self.engine, None if fn is self.model else fn.__name__
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._peer_failures("the training forward through the DeepSpeed engine"):
+                return engine(*args, **kwargs) if method is None else _through_engine(engine, method, args, kwargs)
+
+        return call, signature
+
+    def set_model_mode(self, mode: str) -> None:
+        """``eval`` gathers the ZeRO-3 parameters until ``train`` (see the module docstring)."""
+        super(TorchDDPDriver, self).set_model_mode(mode)
+        if self.engine is None or self.plan.zero_stage != 3:
+            return
+        if mode == "eval" and self._summoned is None:
+            stack = contextlib.ExitStack()
+            with self._collective("gathering the ZeRO-3 parameters for evaluation"):
+                stack.enter_context(_ds.gathered(list(self.model.parameters())))
+            self._summoned = stack
+        elif mode == "train" and self._summoned is not None:
+            stack, self._summoned = self._summoned, None
+            with self._collective("releasing the gathered ZeRO-3 parameters"):
+                stack.close()
+
+    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
+        """As DDP; the train dataloader's batch size is checked against the config and becomes DeepSpeed's
+        ``train_micro_batch_size_per_gpu``."""
+        if dist != "eval":
+            batch_size = getattr(dataloader, "batch_size", None)
+            check_batch_size(self.plan, batch_size)
+            if self.engine is not None and isinstance(batch_size, int) and not isinstance(batch_size, bool):
+                self.engine.set_train_micro_batch_size(batch_size)
+        return super().set_dist_repro_dataloader(dataloader, dist=dist, reproducible=reproducible)
+
+    def move_data_to_device(self, batch: Any) -> Any:
+        moved = move_to_device(batch, self.device, self.non_blocking)
+        return moved if self._cast is None else _cast_floats(moved, self._cast)
+
+    # ---------------------------------------------------------------------- state
+    @contextlib.contextmanager
+    def gathering_state(self) -> Iterator[None]:
+        """Every rank: assemble the full model and optimizer state; rank 0 keeps it for the save."""
+        if self.engine is None:
+            yield
+            return
+        with self._released(), self._collective("gathering the ZeRO model and optimizer state"):
+            model = _ds.full_model_state(self.model, self._dtypes)
+            optimizers = [_ds.full_optimizer_state(self.engine, self._order)] if self._has_optimizer() else []
+        self._gathered = (model, optimizers) if self.is_global_zero else ({}, [{}] * len(optimizers))
+        try:
+            yield
+        finally:
+            self._gathered = None
+
+    @contextlib.contextmanager
+    def _released(self) -> Iterator[None]:
+        """Parameters gathered for evaluation are released while the state is read, and gathered again after."""
+        summoned = self._summoned is not None
+        if summoned:
+            self.set_model_mode("train")
+        try:
+            yield
+        finally:
+            if summoned:
+                self.set_model_mode("eval")
+
+    def _has_optimizer(self) -> bool:
+        return self.engine is not None and self.engine.optimizer is not None and bool(self._order)
+
+    def model_state(self) -> dict[str, Any]:
+        """Full tensors: rank 0's copy inside :meth:`gathering_state`, else assembled now on every rank (a
+        collective: every rank must call it)."""
+        if self._gathered is not None:
+            return self._gathered[0]
+        if self.engine is None:
+            return super().model_state()
+        with self._released(), self._collective("gathering the full model state"):
+            return _ds.full_model_state(self.model, self._dtypes)
+
+    def load_model_state(self, state: Mapping[str, Any]) -> None:
+        """Every rank gets the full state (each read the file) and keeps its own piece of it."""
+        if self.engine is None:
+            super().load_model_state(state)
+            return
+        expected = {name: torch.empty(0) for name in self._dtypes}
+        expected.update({name: b for name, b in self.model.named_buffers()})
+        tensors = loadable_model_state(state, expected, type(self.model).__name__, as_tensor=as_tensor,
+                                       shape=lambda t: None)
+        with self._released():
+            self._check_shapes(tensors)
+            _ds.load_full_model_state(self.model, tensors)
+
+    def _check_shapes(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            shape = tuple(getattr(param, "ds_shape", param.shape))
+            if tuple(tensors[name].shape) != shape:
+                raise DriverError(
+                    f"load_model_state: {name!r} has shape {tuple(tensors[name].shape)} in the state but {shape} in "
+                    f"the model {type(self.model).__name__}; load a checkpoint of the same model."
+                )
+
+    def optimizer_states(self) -> list[Any]:
+        if self._gathered is not None:
+            return self._gathered[1]
+        if not self._has_optimizer():
+            return super().optimizer_states() if self.engine is None else []
+        with self._collective("gathering the full optimizer state"):
+            return [_ds.full_optimizer_state(self.engine, self._order)]
+
+    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
+        if self.engine is None:
+            super()._load_optimizer_state(optimizer, state, where)
+            return
+        prepared = self.state_ops.optimizer_state_for_load(state, where)
+        try:
+            _ds.load_full_optimizer_state(self.engine, self._order, prepared, where)
+        except (IndexError, KeyError, ValueError, RuntimeError) as exc:
+            raise DriverError(
+                f"load_optimizer_states: {where} does not fit this optimizer ({type(exc).__name__}: {exc}); build "
+                "the optimizer over the same parameters, in the same groups, as the run that saved the checkpoint."
+            ) from exc
+
+    def gradient_state(self) -> dict[str, Any]:
+        """Between accumulation cycles there are no gradients; inside one they live in ZeRO's buffers (refused)."""
+        if self._micro_batches:
+            raise DriverError(
+                "driver='deepspeed' cannot checkpoint inside a gradient-accumulation cycle (ZeRO holds the "
+                "partly reduced gradients in its own buffers); save when a cycle ends, e.g. every N batches with N "
+                "a multiple of accumulation_steps."
+            )
+        return {}
+
+    def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
+        if grads:
+            raise DriverError(
+                "this checkpoint was taken inside a gradient-accumulation cycle (it holds gradients), which "
+                "driver='deepspeed' cannot resume; resume from a checkpoint taken when a cycle ended."
+            )
+
+
+def _through_engine(engine: Any, method: str, args: tuple, kwargs: dict) -> Any:
+    """Run ``module.<method>`` inside the engine's forward, which keeps ZeRO's count of micro-batches (ZeRO-3
+    overwrites instead of accumulating the gradients of a micro-batch it did not see start).
+
+    The module's ``forward`` is replaced for exactly one call and put back before the method runs, so a method
+    calling ``self(...)`` reaches the real forward.
+    """
+    module = engine.module
+    target = getattr(module, method)
+    missing = object()
+    saved = module.__dict__.get("forward", missing)
+
+    def restore() -> None:
+        if saved is missing:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = saved
+
+    def once(*a: Any, **k: Any) -> Any:
+        restore()
+        return target(*a, **k)
+
+    module.__dict__["forward"] = once
+    try:
+        return engine(*args, **kwargs)
+    finally:
+        restore()
+
+
+def _cast_floats(batch: Any, dtype: torch.dtype) -> Any:
+    """Floating-point tensors of a nested dict/list/tuple batch in the engine's dtype (its weights are in it)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, Mapping):
+        return type(batch)({key: _cast_floats(value, dtype) for key, value in batch.items()})
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(_cast_floats(value, dtype) for value in batch)
+    return batch
+
+
+def create_deepspeed_driver(model: Any, device: Any, **options: Any) -> TorchDeepSpeedDriver:
+    """Build the ``deepspeed`` driver (its options arrive from ``deepspeed_kwargs=``)."""
+    from drivetrain.backend import module_driver_factory, planned_distributed
+
+    from .driver import TorchSingleDriver
+
+    factory = module_driver_factory(TorchSingleDriver, planned_distributed(
+        "drivetrain_torch._deepspeed_plan:plan_deepspeed", "drivetrain_torch.deepspeed:TorchDeepSpeedDriver"))
+    return factory(model, device, **options)

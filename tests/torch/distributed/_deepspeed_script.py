@@ -1,0 +1,181 @@
+"""The program the DeepSpeed tests start: under torchrun (2 ranks, gloo on CPU), alone (a world of one), or with
+``--nproc 2`` (the Trainer starts rank 1).
+
+    _deepspeed_script.py OUT PHASES [--other DIR] [--nproc 2]
+
+Runs the comma-separated PHASES one after another in the same processes and writes
+``OUT/<phase>-rank<r>.json`` per rank: the full model state, the history, the samples seen.
+Every phase trains the FSDP tests' ``Net`` (their data and settings: 2 epochs, accumulation 2,
+clipping by norm, AdamW) from the same seed.
+
+- ``ddp``: ``driver="torch"`` (DDP), the reference; ``zero2`` / ``zero3``: ``driver="deepspeed"``
+  at that stage, with evaluation on an odd-sized set each epoch, then evaluate(), predict()
+  and save_model() (zero3);
+- ``interrupt``: ZeRO-3 stopped after ``INTERRUPT_AT`` batches with a checkpoint in
+  ``OUT/interrupted``; ``ddp-interrupt`` the same with DDP into ``OUT/ddp-interrupted``;
+- ``resume-same``: ZeRO-3 resumed from ``OUT/interrupted``; ``zero2-resume``: ZeRO-2 resumed from it;
+- ``resume-other`` / ``ddp-resume-other``: ZeRO-3 / ``driver="torch"`` resumed from ``--other``
+  (a checkpoint another world size wrote);
+- ``bf16``: ZeRO-3 with bf16 weights (DeepSpeed's bf16 optimizer, fp32 master weights);
+- ``config-optimizer``: ZeRO-2 with the optimizer, clipping and batch size given in a JSON config;
+- ``bad-batch`` / ``bad-accumulation``: a config contradicting the dataloader's batch size / the
+  Trainer's accumulation (the refusal is recorded);
+- ``kill``: rank 1 writes ``OUT/pid-rank1`` and waits in batch 3 to be killed (with ``--nproc 2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+warnings.filterwarnings("ignore", category=FutureWarning)  # DeepSpeed calls torch collectives torch deprecates
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from drivetrain import Accuracy, Callback, DriverError, Trainer  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # torchrun runs this file by path
+from _ddp_script import Points  # noqa: E402
+from _fsdp_script import (  # noqa: E402
+    ACCUMULATION,
+    BATCH_PER_RANK,
+    EVAL_BATCH,
+    GRAD_CLIP,
+    INTERRUPT_AT,
+    N_EPOCHS,
+    N_EVAL,
+    N_TRAIN,
+    Net,
+    Recorder,
+    StopAt,
+    state_lists,
+)
+
+torch.set_num_threads(1)
+
+__all__ = ["ACCUMULATION", "BATCH_PER_RANK", "GRAD_CLIP", "INTERRUPT_AT", "N_TRAIN", "Net"]
+
+
+class WaitToBeKilled(Callback):
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_train_batch_begin(self, trainer, batch, indices) -> None:
+        rank = trainer.driver.rank
+        if trainer.global_forward_batches == 3 and rank == 1:
+            with open(os.path.join(self.out, f"pid-rank{rank}"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(3600)
+
+
+def build_trainer(model, *, driver: str, callbacks: list, evaluate: bool = False, optimizer: bool = True,
+                  **options) -> Trainer:
+    train = DataLoader(Points(N_TRAIN, seed=0), batch_size=BATCH_PER_RANK, shuffle=True)
+    extra = {"evaluate_dataloaders": DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH),
+             "metrics": {"acc": Accuracy()}} if evaluate else {}
+    options.setdefault("accumulation_steps", ACCUMULATION)
+    options.setdefault("grad_clip", GRAD_CLIP)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01) if optimizer else None
+    return Trainer(model, train, opt, driver=driver, n_epochs=N_EPOCHS, callbacks=callbacks, progress_bar=None,
+                   log_every_n_steps=2, **extra, **options)
+
+
+def loaded_forward_diff(driver) -> float:
+    """Load other weights into the trained driver; how far its forward then is from a plain model's with them."""
+    weights = {name: torch.full_like(t, 0.01) + 0.001 * torch.arange(t.numel()).reshape(t.shape)
+               for name, t in driver.model_state().items()}
+    driver.load_model_state(weights)
+    reference = Net()
+    reference.load_state_dict(weights)
+    x = torch.linspace(-1, 1, 20).reshape(5, 4)
+    driver.set_model_mode("eval")
+    with torch.no_grad():
+        got = driver.unwrap_model()(x)["pred"]
+    driver.set_model_mode("train")
+    return float((got - reference(x)["pred"]).abs().max())
+
+
+def run_phase(phase: str, args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    recorder = Recorder()
+    callbacks: list = [recorder]
+    run_options: dict = {}
+    stage = 2 if phase.startswith("zero2") or phase in ("config-optimizer", "bad-batch", "bad-accumulation") else 3
+    options: dict = {"deepspeed_kwargs": {"zero_stage": stage}}
+    driver = "torch" if phase.startswith("ddp") else "deepspeed"
+    if driver == "torch":
+        options = {}
+    if phase in ("interrupt", "ddp-interrupt"):
+        callbacks.append(StopAt(INTERRUPT_AT, os.path.join(args.out, phase.replace("interrupt", "interrupted"))))
+    resume = {"resume-same": os.path.join(args.out, "interrupted"), "zero2-resume": os.path.join(args.out, "interrupted"),
+              "resume-other": args.other, "ddp-resume-other": args.other}
+    if phase in resume:
+        run_options["resume_from"] = resume[phase]
+    optimizer = True
+    if phase == "config-optimizer":
+        path = os.path.join(args.out, "ds_config.json")
+        with open(path, "w") as f:
+            json.dump({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01, "torch_adam": True}},
+                       "gradient_clipping": GRAD_CLIP, "train_micro_batch_size_per_gpu": BATCH_PER_RANK,
+                       "gradient_accumulation_steps": ACCUMULATION, "zero_optimization": {"stage": 2}}, f)
+        options = {"deepspeed_kwargs": {"config": path}, "grad_clip": None}
+        optimizer = False
+    if phase == "bf16":
+        options["precision"] = "bf16"
+    if phase == "bad-batch":
+        options["deepspeed_kwargs"]["config"] = {"train_micro_batch_size_per_gpu": 16}
+    if phase == "bad-accumulation":
+        options["deepspeed_kwargs"]["config"] = {"gradient_accumulation_steps": 4}
+    if phase == "kill":
+        callbacks.append(WaitToBeKilled(args.out))
+        options["deepspeed_kwargs"]["timeout"] = 20
+    if args.nproc:
+        options["nproc"] = args.nproc
+    result: dict = {}
+    try:
+        trainer = build_trainer(model, driver=driver, callbacks=callbacks, evaluate=phase in ("zero2", "zero3"),
+                                optimizer=optimizer, **options)
+        trainer.run(num_eval_sanity_batch=0, **run_options)
+    except DriverError as exc:
+        if not phase.startswith("bad-"):
+            raise
+        result["refused"] = str(exc)
+        rank = int(os.environ.get("RANK", "0"))
+        with open(os.path.join(args.out, f"{phase}-rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+        return
+    d = trainer.driver
+    result.update(rank=d.rank, world_size=d.world_size, driver=type(d).__name__, describe=d.describe(),
+                  params=state_lists(d.model_state()), seen=recorder.seen, history=trainer.history)
+    if phase in ("zero2", "zero3"):
+        result["eval"] = trainer.evaluate()
+        result["predict"] = {k: v.tolist() for k, v in trainer.predict(
+            DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH)).items()}
+    if phase == "zero3":
+        trainer.save_model(os.path.join(args.out, "model"))
+        result["loaded_forward_diff"] = loaded_forward_diff(d)
+    with open(os.path.join(args.out, f"{phase}-rank{d.rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("phases")
+    parser.add_argument("--other")
+    parser.add_argument("--nproc", type=int)
+    args = parser.parse_args()
+    for phase in args.phases.split(","):
+        run_phase(phase, args)
+    print(f"rank-done {os.environ.get('RANK', '0')}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""``driver="deepspeed"`` (DeepSpeed ZeRO) with real processes: torchrun with 2 ranks (gloo on CPU), one process
+(a world of one), and the Trainer starting rank 1 itself; through the public API.
+
+Three launches of ``_deepspeed_script.py`` (see its docstring) run every phase: one process
+interrupted (a checkpoint at world size 1), then 2 ranks (DDP, ZeRO-2, ZeRO-3, interrupted and
+resumed, resumed from the one-process checkpoint, an optimizer from a JSON config), then one
+process again, resuming the 2-rank checkpoint. The tests compare them with DDP and with each
+other. Contradictions between the config and the Trainer fail when the Trainer is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed", reason="driver='deepspeed' needs pip install 'drivetrain-torch[deepspeed]'")
+
+from drivetrain import DriverError, Trainer  # noqa: E402
+
+from ..._dist_helpers import free_port  # noqa: E402
+from . import _deepspeed_script as script  # noqa: E402
+from .conftest import ProcessGroup, wait_for_file  # noqa: E402
+
+pytestmark = [pytest.mark.distributed, pytest.mark.torch, pytest.mark.timeout(200)]
+
+TIMEOUT = 150  # one launch; the phases themselves take seconds
+SCRIPT = str(Path(__file__).with_name("_deepspeed_script.py"))
+TWO_RANK_PHASES = ("ddp,zero2,zero3,interrupt,resume-same,zero2-resume,ddp-interrupt,resume-other,ddp-resume-other,"
+                   "config-optimizer,bf16")
+FP32 = 1e-6  # the same arithmetic, summed in another order
+
+
+def _launch(cmd: list[str], out: Path) -> None:
+    group = ProcessGroup(cmd, out)
+    try:
+        done = group.wait(TIMEOUT)
+    finally:
+        group.close()
+    assert done.returncode == 0, done.output
+    print(f"\n{' '.join(cmd[-3:])}: {done.seconds:.1f} s")
+
+
+def _read(out: Path, phase: str, ranks: tuple[int, ...] = (0, 1)) -> dict[int, dict]:
+    return {r: json.loads((out / f"{phase}-rank{r}.json").read_text()) for r in ranks}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max(abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True))
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory) -> Path:
+    """One process (a world of one): ZeRO-3 interrupted after ``INTERRUPT_AT`` batches, checkpoint in ./interrupted."""
+    out = tmp_path_factory.mktemp("one")
+    _launch([sys.executable, SCRIPT, str(out), "interrupt"], out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(one, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("two")
+    _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+             str(free_port()), SCRIPT, str(out), TWO_RANK_PHASES, "--other", str(one / "interrupted")], out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def back(run, tmp_path_factory) -> Path:
+    """One process resuming the 2-rank ZeRO-3 checkpoint (and DDP's of the same point), then two refusals."""
+    out = tmp_path_factory.mktemp("back")
+    _launch([sys.executable, SCRIPT, str(out), "ddp-resume-other,resume-other,bad-batch,bad-accumulation",
+             "--other", str(run / "interrupted")], out)
+    return out
+
+
+# ------------------------------------------------------------------------ training
+@pytest.mark.parametrize("phase", ["zero2", "zero3", "config-optimizer"])
+def test_zero_training_equals_ddp(run, phase) -> None:
+    """2 epochs, accumulation 2, clipping by norm, AdamW: the parameters of DDP within fp32 rounding."""
+    ddp = _read(run, "ddp")[0]["params"]
+    for rank, result in _read(run, phase).items():
+        assert result["driver"] == "TorchDeepSpeedDriver" and result["rank"] == rank and result["world_size"] == 2
+        assert f"zero_stage={3 if phase == 'zero3' else 2}" in result["describe"]
+        assert _max_diff(result["params"], ddp) < FP32
+
+
+@pytest.mark.parametrize("phase", ["zero2", "zero3"])
+def test_the_logged_gradient_norm_is_the_global_one(run, phase) -> None:
+    expected = [row["train/grad_norm"] for row in _read(run, "ddp")[0]["history"]["train"]]
+    assert max(expected) > script.GRAD_CLIP  # clipping did act
+    for result in _read(run, phase).values():
+        assert [row["train/grad_norm"] for row in result["history"]["train"]] == pytest.approx(expected, rel=1e-5)
+
+
+def test_bf16_trains_with_fp32_master_weights(run) -> None:
+    bf16, fp32 = _read(run, "bf16"), _read(run, "zero3")[0]["params"]
+    assert bf16[0]["params"] == bf16[1]["params"]
+    assert 0 < _max_diff(bf16[0]["params"], fp32) < 0.1  # bf16 arithmetic: close, not equal
+    assert "precision=bf16" in bf16[0]["describe"]
+
+
+def test_loaded_weights_are_the_ones_the_forward_uses(run) -> None:
+    """ZeRO-3 keeps small parameters whole on every rank (below stage3_param_persistence_threshold): loading must
+    reach them too, not only the partitions."""
+    for result in _read(run, "zero3").values():
+        assert result["loaded_forward_diff"] == 0.0
+
+
+def test_evaluation_and_prediction_on_an_odd_set(run) -> None:
+    """37 samples: one rank evaluates a batch more than the other; ZeRO-3 gathered its parameters, nothing waits."""
+    zero2, zero3 = _read(run, "zero2"), _read(run, "zero3")
+    for result in [*zero2.values(), *zero3.values()]:
+        assert result["eval"] == pytest.approx(zero2[0]["eval"], abs=1e-12)
+        assert len(result["predict"]["pred"]) == 37
+    assert zero3[0]["predict"] == zero3[1]["predict"]
+
+
+# ---------------------------------------------------------------------- checkpoints
+def test_resume_at_the_same_world_size_is_bit_exact(run) -> None:
+    full, resumed = _read(run, "zero3"), _read(run, "resume-same")
+    for rank in (0, 1):
+        assert _max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
+
+
+def test_a_zero3_checkpoint_resumes_under_zero2(run) -> None:
+    assert _max_diff(_read(run, "zero2-resume")[0]["params"], _read(run, "zero3")[0]["params"]) < FP32
+
+
+def test_one_process_to_two_ranks(run, one) -> None:
+    """The world-of-one checkpoint resumed by 2 ZeRO-3 ranks equals DDP resuming it; every sample seen once."""
+    resumed, ddp = _read(run, "resume-other"), _read(run, "ddp-resume-other")
+    assert _max_diff(resumed[0]["params"], ddp[0]["params"]) < FP32
+    before = _read(one, "interrupt", (0,))[0]
+    assert before["world_size"] == 1
+    seen = before["seen"]["0"] + resumed[0]["seen"]["0"] + resumed[1]["seen"]["0"]
+    assert sorted(seen) == list(range(script.N_TRAIN))
+
+
+def test_two_ranks_to_one_process(back) -> None:
+    """The 2-rank ZeRO-3 checkpoint resumed by ZeRO-3 in one process equals driver='torch' resuming it."""
+    resumed, plain = _read(back, "resume-other", (0,))[0], _read(back, "ddp-resume-other", (0,))[0]
+    assert resumed["world_size"] == 1 and plain["driver"] == "TorchSingleDriver"
+    assert _max_diff(resumed["params"], plain["params"]) < FP32
+
+
+def test_the_checkpoint_is_the_torch_drivers_and_loads_into_driver_torch(run) -> None:
+    folder = run / "interrupted"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["driver"] == "torch" and manifest["pickle"] is False
+    assert all(name.endswith((".json", ".safetensors")) for name in os.listdir(folder))
+    interrupted = _read(run, "interrupt")[0]["params"]
+    assert _max_diff(interrupted, _read(run, "ddp-interrupt")[0]["params"]) < FP32
+    model = script.Net()
+    loader = torch.utils.data.DataLoader(script.Points(8, seed=0), batch_size=4)
+    trainer = Trainer(model, loader, torch.optim.AdamW(model.parameters(), lr=0.01), driver="torch", progress_bar=None)
+    trainer.load_checkpoint(str(folder), resume_training=False)
+    assert script.state_lists(model.state_dict()) == interrupted
+
+
+def test_export_and_save_model_write_the_full_weights(run, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    target = tmp_path / "merged.safetensors"
+    done = subprocess.run([sys.executable, "-m", "drivetrain", "export", str(run / "interrupted"), "-o", str(target)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert script.state_lists(load_file(str(target))) == _read(run, "interrupt")[0]["params"]
+    assert script.state_lists(load_file(str(run / "model" / "model.safetensors"))) == _read(run, "zero3")[0]["params"]
+
+
+# ------------------------------------------------------------------------- failures
+def test_a_killed_rank_ends_the_job_naming_it(tmp_path) -> None:
+    group = ProcessGroup([sys.executable, SCRIPT, str(tmp_path), "kill", "--nproc", "2"], tmp_path)
+    try:
+        wait_for_file(tmp_path / "pid-rank1", timeout=90)
+        time.sleep(0.5)
+        os.kill(int((tmp_path / "pid-rank1").read_text()), signal.SIGKILL)
+        done = group.wait(60)
+    finally:
+        group.close()
+    assert done.returncode != 0
+    assert "because rank 1 was killed by SIGKILL" in done.output, done.output[-3000:]
+
+
+def test_contradictions_found_at_run_time_are_refused_naming_both(back) -> None:
+    batch = _read(back, "bad-batch", (0,))[0]["refused"]
+    assert "batch_size=4" in batch and "deepspeed_kwargs['config']" in batch and "16" in batch
+    accumulation = _read(back, "bad-accumulation", (0,))[0]["refused"]
+    assert "['gradient_accumulation_steps']=4" in accumulation and "accumulation_steps=2" in accumulation
+
+
+def _build(optimizer: bool = True, **options) -> Trainer:
+    model = script.Net()
+    loader = torch.utils.data.DataLoader(script.Points(8, seed=0), batch_size=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01) if optimizer else None
+    return Trainer(model, loader, opt, driver="deepspeed", progress_bar=None, **options)
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({"deepspeed_kwargs": {"config": 3}}, ["deepspeed_kwargs['config'] is a int", "dict"]),
+    ({"deepspeed_kwargs": {"config": "/nonexistent/ds.json"}}, ["'/nonexistent/ds.json' cannot be read"]),
+    ({"deepspeed_kwargs": {"zero_stage": 4}}, ["deepspeed_kwargs['zero_stage']=4", "1, 2 or 3"]),
+    ({"deepspeed_kwargs": {"zero_stage": 2, "config": {"zero_optimization": {"stage": 3}}}},
+     ["zero_stage']=2 contradicts", "['stage']=3"]),
+    ({"precision": "bf16", "deepspeed_kwargs": {"config": {"fp16": {"enabled": True}}}},
+     ["Trainer(precision='bf16') contradicts", "['fp16']['enabled']=True", "precision='fp16'"]),
+    ({"deepspeed_kwargs": {"config": {"bf16": {"enabled": True}}}},
+     ["Trainer(precision='fp32') contradicts", "pass precision='bf16'"]),
+    ({"grad_clip": 1.0, "deepspeed_kwargs": {"config": {"gradient_clipping": 0.5}}},
+     ["Trainer(grad_clip=1.0) contradicts", "['gradient_clipping']=0.5"]),
+    ({"grad_clip": 1.0, "grad_clip_type": "value"}, ["grad_clip_type='value'", "norm"]),
+    ({"deepspeed_kwargs": {"config": {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}}},
+     ["['optimizer']", "optimizers=None"]),
+    ({"deepspeed_kwargs": {"config": {"managed_gradient_accumulation": True}}},
+     ["managed_gradient_accumulation", "remove it"]),
+    ({"deepspeed_kwargs": {"ddp_kwargs": {}}}, ["ddp_kwargs", "deepspeed_kwargs['config']"]),
+    ({"precision": "fp16"}, ["precision='fp16'", "does not support", "bf16"]),
+], ids=["config-type", "config-path", "stage", "stage-twice", "precision", "precision-default", "clipping",
+        "clip-by-value", "two-optimizers", "managed-accumulation", "ddp-kwargs", "fp16-on-cpu"])
+def test_a_bad_option_names_the_argument_and_the_fix(options, words) -> None:
+    """Refused before any process group starts (the checks run when the Trainer is built)."""
+    import torch.distributed as dist
+
+    if options.get("precision") == "fp16":
+        from deepspeed.accelerator import get_accelerator
+
+        if get_accelerator().is_fp16_supported():
+            pytest.skip("this accelerator supports fp16")
+    with pytest.raises(DriverError) as caught:
+        _build(**options)
+    for word in words:
+        assert word in str(caught.value)
+    assert not dist.is_initialized()
+
+
+def test_the_driver_is_registered_with_its_install_command() -> None:
+    """Where deepspeed is missing, choosing the driver says what to install (the core's message for the spec)."""
+    from drivetrain._plugins import available_drivers
+
+    spec = available_drivers()["deepspeed"]
+    assert spec.framework == "deepspeed" and spec.factory == "drivetrain_torch.deepspeed:create_deepspeed_driver"
+    assert spec.install_command == 'pip install "drivetrain-torch[deepspeed]"'
+    assert spec.capabilities.distributed == ("zero",) and not spec.claims(torch.nn.Linear(1, 1))
