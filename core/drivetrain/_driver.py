@@ -488,13 +488,9 @@ class Driver(abc.ABC):
         it. Check every key and shape (``source.model_keys()``, ``source.shape``) before copying anything, so
         a mismatch loads nothing. Every rank calls it.
         """
-        from ._checkpoint.folder import CheckpointError
+        from ._checkpoint.sharded import cannot_read_shards
 
-        raise CheckpointError(
-            f"{source.folder} was written in shards by {source.world_size} process(es); driver {self.name!r} "
-            "cannot read sharded checkpoints (reads_state_shards=False). Merge the weights into one file with "
-            "`drivetrain export` and load that with load_model()."
-        )
+        raise cannot_read_shards(self, source)
 
     def framework_version(self) -> str:
         """Version of the framework, recorded in checkpoint manifests."""

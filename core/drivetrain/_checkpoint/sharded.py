@@ -155,6 +155,22 @@ def _chunks(entry: Mapping[str, Any]) -> list[_Chunk]:
     return [_Chunk(c["file"], tuple(c["offsets"]), tuple(c["sizes"]), c.get("key")) for c in entry["chunks"]]
 
 
+def cannot_read_shards(driver: Driver, source: ShardSource) -> CheckpointError:
+    """The error for a driver that does not read sharded checkpoints (``reads_state_shards=False``)."""
+    return CheckpointError(
+        f"{source.folder} was written in shards by {source.world_size} process(es); driver {driver.name!r} "
+        "cannot read sharded checkpoints (reads_state_shards=False). Merge the weights into one file with "
+        "`drivetrain export` and load that with load_model()."
+    )
+
+
+def load_shards(driver: Driver, source: ShardSource, *, optimizers: bool) -> None:
+    """``driver.load_state_shards`` where the driver declares it reads them, else the error saying what to do."""
+    if not driver.reads_state_shards:
+        raise cannot_read_shards(driver, source)
+    driver.load_state_shards(source, optimizers=optimizers)
+
+
 def shard_file(rank: int, world_size: int) -> str:
     return f"shards-{rank:05d}-of-{world_size:05d}.safetensors"
 

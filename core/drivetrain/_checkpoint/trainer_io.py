@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .folder import CheckpointError, read_checkpoint, read_manifest, verified_file, write_checkpoint
-from .sharded import is_sharded, open_shards, whole_file_source, write_sharded_checkpoint
+from .sharded import is_sharded, load_shards, open_shards, whole_file_source, write_sharded_checkpoint
 from .training import (
     MODEL_FILE,
     build_checkpoint,
@@ -84,7 +84,7 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
         )
     # -- everything is checked (a sharded load checks its keys and shapes before copying): apply, weights first
     if shards is not None:
-        driver.load_state_shards(shards, optimizers=True)
+        load_shards(driver, shards, optimizers=True)
     else:
         driver.load_model_state(decoded.model)
         driver.load_optimizer_states(state["optimizers"])
@@ -137,7 +137,7 @@ def load_model(trainer: Trainer, folder: str | os.PathLike) -> None:
     path = os.fspath(folder)
     if driver.shards_state and not (os.path.isdir(path) and is_sharded(read_manifest(path))):
         # a sharding driver reads a whole-file model by slices too: no rank holds the full weights
-        driver.load_state_shards(whole_file_source(_verified_model_file(driver, path)), optimizers=False)
+        load_shards(driver, whole_file_source(_verified_model_file(driver, path)), optimizers=False)
         trainer.fire("on_load_model")
         return
     if os.path.isfile(path):
@@ -146,7 +146,7 @@ def load_model(trainer: Trainer, folder: str | os.PathLike) -> None:
         loaded = read_checkpoint(path, skip_shards=True)
         tensors = decode_checkpoint(loaded, driver, allow_pickle=False, model_only=True).model
         if is_sharded(loaded.manifest):
-            driver.load_state_shards(open_shards(driver, loaded), optimizers=False)
+            load_shards(driver, open_shards(driver, loaded), optimizers=False)
             trainer.fire("on_load_model")
             return
     check_model_fits(driver, tensors, path)
