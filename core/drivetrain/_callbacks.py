@@ -37,6 +37,8 @@ class Callback:
 
     @property
     def callback_name(self) -> str:
+        """The name this callback's state is saved under in checkpoints (the class name unless overridden);
+        two callbacks of one Trainer must not share it."""
         return type(self).__name__
 
     def on_save_checkpoint(self, trainer: Any) -> Any:

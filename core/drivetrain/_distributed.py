@@ -98,6 +98,8 @@ class CollectiveGuard:
                 raise
 
     def is_comm_error(self, exc: BaseException) -> bool:
+        """Whether ``exc`` looks like a failed collective: one of the guard's error types, or a message with
+        one of its markers (a closed connection, a timeout)."""
         if isinstance(exc, self.errors):
             return True
         text = str(exc).lower()
@@ -281,18 +283,22 @@ class DistributedDriverMixin:
         return type(self).__qualname__
 
     def is_distributed(self) -> bool:
+        """Always True: this driver runs one process per rank."""
         return True
 
     @property
     def rank(self) -> int:
+        """This process's global rank (0 .. world_size-1)."""
         return self.plan.rank
 
     @property
     def local_rank(self) -> int:
+        """This process's rank on its machine (which device it takes)."""
         return self.plan.local_rank
 
     @property
     def world_size(self) -> int:
+        """The number of processes taking part."""
         return self.plan.world_size
 
     def _timeout_words(self, existing: str = "") -> str:
@@ -308,10 +314,14 @@ class DistributedDriverMixin:
         return self._guard.collective(what) if self._guard is not None else _NO_GUARD
 
     def barrier(self) -> None:
+        """Wait until every rank gets here; a failed or stuck peer raises :class:`drivetrain.DistributedError`
+        naming it instead of hanging."""
         with self._collective("barrier()"):
             self._barrier_op()
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank (a picklable Python object); raises DriverError for a ``src``
+        that is not a rank."""
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
             raise DriverError(f"broadcast_object(src={src!r}): src must be a rank in 0..{self.world_size - 1}.")
         box = [obj if self.rank == src else None]
@@ -320,6 +330,7 @@ class DistributedDriverMixin:
         return box[0]
 
     def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, as a list in rank order, on every rank."""
         with self._collective("all_gather_object()"):
             return self._gather_op(obj)
 
@@ -360,6 +371,8 @@ class DistributedDriverMixin:
         raise NotImplementedError
 
     def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
+        """Check ``dataloader`` as the single driver does, remembering which argument it came from so a later
+        sharding error names it."""
         self._argument_names()[id(dataloader)] = argument  # named again if its sampling cannot be replaced
         super().check_dataloader_legality(dataloader, argument)  # type: ignore[misc]
 

@@ -90,6 +90,7 @@ class Event(metaclass=_EventClass):
 
     @property
     def is_filtered(self) -> bool:
+        """Whether ``every``, ``once`` or ``filter_fn`` restricts when a handler of this event runs."""
         return bool(self.every and self.every > 1) or self.once or self.filter_fn is not None
 
     def __repr__(self) -> str:

@@ -210,6 +210,8 @@ class ModuleDriver(Driver):
 
     @staticmethod
     def multi_value_error(loss: Any) -> DriverError:
+        """The error for a ``loss`` with more than one element: backward needs a scalar (reduce it in the
+        model)."""
         return DriverError(
             f"the model's output 'loss' has shape {tuple(int(d) for d in loss.shape)}; backward needs a single number: "
             "reduce it in the model, e.g. loss.mean()."
@@ -349,5 +351,6 @@ class ModuleDriver(Driver):
         return str(self.framework.__version__)
 
     def describe(self) -> str:
+        """One line naming the driver class, device, precision and framework version."""
         return (f"{self.name} driver ({type(self).__qualname__}) device={self.device} precision={self.precision} "
                 f"{self.name}={self.framework_version()}")

@@ -65,11 +65,29 @@ KNOWN_BACKENDS: dict[str, KnownBackend] = {
 
 def _install_sentence(name: str) -> str:
     how = install_hint(name)
-    return f"Install it with: {how}" if how.startswith("pip ") else how[0].upper() + how[1:]
+    if not how.startswith("pip "):
+        return how[0].upper() + how[1:]
+    return f"Install it with: {how} once the packages are published; until then, {checkout_install_hint(name)}"
+
+
+def checkout_install_hint(name: str) -> str:
+    """The command that installs known backend ``name`` from a drivetrain checkout (no package index serves it yet).
+
+    >>> checkout_install_hint("paddle")
+    'from a drivetrain checkout: pip install -c constraints.txt -e . -e backends/paddle paddlepaddle==3.3.1'
+    """
+    known = KNOWN_BACKENDS[name]
+    pin = f" {known.framework_pin}" if known.framework_pin else ""
+    python = ""
+    if known.max_python is not None:
+        python = f" (Python {'.'.join(map(str, known.max_python))})"
+    return f"from a drivetrain checkout{python}: pip install -c constraints.txt -e . -e backends/{name}{pin}"
 
 
 def install_hint(name: str) -> str:
-    """The pip command for backend ``name``; for a framework with no wheels for this Python, what to do instead."""
+    """The pip command for backend ``name`` from a package index; for a framework with no wheels for this
+    Python, what to do instead. A known backend's command (``pip install "drivetrain[torch]"``) works once the
+    packages are published; :func:`checkout_install_hint` gives the one that works from a checkout."""
     known = KNOWN_BACKENDS.get(name)
     if known is None:
         return f"pip install drivetrain-{name}"
@@ -109,6 +127,9 @@ class DriverSpec:
     ``drivetrain backends --check`` and :class:`drivetrain.testing.ContractSuite`."""
 
     def claims(self, model: Any) -> bool:
+        """Whether ``driver="auto"`` may pick this driver for ``model`` (an instance or a class): its
+        ``detect`` function if given, else a class along the model's MRO living in one of ``model_modules``.
+        Imports nothing."""
         cls = model if isinstance(model, type) else type(model)
         if self.detect is not None:
             return bool(self.detect(cls))
@@ -116,12 +137,16 @@ class DriverSpec:
 
     @property
     def install_command(self) -> str:
+        """How to install this driver's backend: the spec's own ``install`` text, else the known backend's
+        pip command."""
         return self.install or install_hint(self.name)
 
     def framework_installed(self) -> bool:
+        """Whether the framework module (``framework``) can be imported here; it is looked up, not imported."""
         return importlib.util.find_spec(self.framework) is not None
 
     def version(self) -> str | None:
+        """The installed version of ``distribution``; None when the spec names none or it is not installed."""
         if not self.distribution:
             return None
         try:
@@ -319,7 +344,17 @@ def get_registry() -> Registry:
 
 
 def register_plugin(plugin: Any, name: str | None = None) -> None:
-    """Register a plugin object or module in code (tests, notebooks), like an entry point would."""
+    """Register a plugin object or module in code (tests, notebooks), like an entry point would.
+
+    The drivers it describes are available at once; a malformed answer is refused with a warning like an
+    installed plugin's (an error under ``DRIVETRAIN_STRICT_PLUGINS=1``).
+
+    :param plugin: an object or module with ``hookimpl``-decorated ``drivetrain_driver_specs`` (and/or
+        ``drivetrain_loggers``) functions.
+    :param name: the plugin's name (``DRIVETRAIN_PLUGINS_DENY`` and ``drivetrain backends`` use it); pluggy
+        makes one up when None.
+    :raises ValueError: when a plugin of that name is already registered.
+    """
     registry = get_registry()
     registry.manager.register(plugin, name=name)
     registry.collect()
@@ -332,6 +367,10 @@ def reset_registry() -> None:
 
 
 def available_drivers() -> dict[str, DriverSpec]:
+    """The installed drivers, ``{name: DriverSpec}``, found through the ``drivetrain`` entry points (and
+    :func:`register_plugin`). Imports no framework: a spec says what its driver needs and can do.
+
+    Plugins that fail to load are left out with a warning (``drivetrain backends`` lists them)."""
     return dict(get_registry().specs)
 
 
@@ -379,7 +418,8 @@ def resolve_spec(driver: str, model: Any) -> DriverSpec:
                 f"driver='auto' found no installed driver for a model of type "
                 f"{type(model).__module__}.{type(model).__qualname__}; installed drivers: "
                 f"{', '.join(installed) or 'none'}. Pass driver='<name>' or install the backend, "
-                f"e.g. {install_hint('torch')}."
+                f"e.g. {install_hint('torch')} once the packages are published, or "
+                f"{checkout_install_hint('torch')}."
             )
         usable = [spec for spec in claimed if contract_problem(spec) is None and spec.framework_installed()]
         spec = (usable or claimed)[0]  # a usable one if any; else the first, whose error says what to fix

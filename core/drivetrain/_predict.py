@@ -139,7 +139,12 @@ def predict(model: Any, dataloader: Any, *, driver: str | Driver = "auto", devic
 
 
 def load_predictions(folder: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Open a folder written by ``predict(..., save_to=folder)``: ``{name: read-only memory-mapped array}``."""
+    """Open a folder written by ``predict(..., save_to=folder)``: ``{name: read-only memory-mapped array}``.
+
+    Nothing is read into memory until the arrays are indexed, so predictions larger than memory stay usable.
+
+    :raises ConfigurationError: when ``folder`` holds no predictions written by :func:`predict`.
+    """
     folder = os.fspath(folder)
     try:
         with open(os.path.join(folder, METADATA_FILE), encoding="utf-8") as f:

@@ -77,6 +77,7 @@ class ReproducibleBatchSampler:
 
     @property
     def global_batch_size(self) -> int:
+        """Samples per step over all ranks: ``batch_size * num_replicas``."""
         return self.batch_size * self.num_replicas
 
     def consumed_samples(self, batches_since_start: int) -> int:
@@ -91,6 +92,8 @@ class ReproducibleBatchSampler:
         return full if self.drop_last or not rest else full + 1
 
     def order(self) -> np.ndarray:
+        """The epoch's sample order before sharding: a permutation drawn from ``(seed, epoch)`` when
+        shuffling (the same on every rank and after a resume), else ``0..dataset_len-1``."""
         if not self.shuffle:
             return np.arange(self.dataset_len)
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.dataset_len)
@@ -138,6 +141,7 @@ class ReproducibleBatchSampler:
         return full if self.drop_last or not rest else full + 1
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this sampler: its seed and the data layout :meth:`load_state_dict` checks."""
         return {"seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size,
                 "drop_last": self.drop_last, "dataset_len": self.dataset_len}
 

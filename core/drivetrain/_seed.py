@@ -19,7 +19,26 @@ from ._errors import ConfigurationError
 
 
 def seed_everything(seed: int) -> int:
-    """Seed python, numpy and every imported framework with a backend installed; return ``seed``."""
+    """Seed python, numpy and every imported framework with a backend installed; return ``seed``.
+
+    Call it before building the model so its initial weights repeat. A framework is seeded only if it is
+    already imported (seeding never imports one), through its backend's ``seed_function``. ``PYTHONHASHSEED``
+    is set for the processes started later (dataloader workers, spawned ranks).
+
+    Example::
+
+        import torch
+        from drivetrain import seed_everything
+
+        seed_everything(0)
+        first = torch.rand(2)
+        seed_everything(0)
+        assert torch.equal(first, torch.rand(2))
+
+    :param seed: an int in ``[0, 2**32)``.
+    :returns: ``seed``.
+    :raises ConfigurationError: for any other seed.
+    """
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
         raise ConfigurationError(f"seed_everything(seed={seed!r}): the seed must be an int in [0, 2**32).")
     from ._plugins import available_drivers

@@ -73,18 +73,22 @@ class CheckedStore:
         return self.store
 
     def set(self, key: str, value: str) -> None:
+        """Store ``value`` under ``key`` and count the key as present for :meth:`check`."""
         store = self._handle()
         store.set(key, value)
         store.add(key + "/#", 1)
 
     def get(self, key: str) -> bytes:
+        """The bytes under ``key``; blocks until some process sets it (ask :meth:`check` first)."""
         value = self._handle().get(key)
         return bytes(value) if not isinstance(value, bytes) else value
 
     def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the counter ``key`` and return its new value (``amount=0`` reads it)."""
         return int(self._handle().add(key, amount))
 
     def check(self, keys: list[str]) -> bool:
+        """Whether every key of ``keys`` was set, without waiting."""
         return all(self._handle().add(key + "/#", 0) > 0 for key in keys)
 
 
@@ -162,6 +166,8 @@ class FailureBoard:
         self._count = f"{PREFIX}{generation}/failed_count"
 
     def post_failure(self, summary: str) -> None:
+        """Tell the other ranks that this one failed and why (``summary``); quietly does nothing when the
+        store is already gone."""
         try:
             self.store.set(self._failed.format(rank=self.rank), summary)
         except Exception:  # noqa: BLE001 - the store may be gone with a dead peer: the message is a nicety

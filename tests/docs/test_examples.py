@@ -6,6 +6,16 @@ could type. Blocks fenced with any other info string (``python no-run``, ``conso
 ``toml``, ...) are shown but not run. A failing block is reported with its page,
 its line number and its code.
 
+Output a page shows is checked against what the code prints (see ``expected_output``):
+
+- a ```` ```text ```` block that directly follows a ```` ```python ```` block (nothing but
+  blank lines between) is that block's printed output;
+- a line ``print(...)  # prints TEXT`` (the comment may go on over the next comment-only
+  lines) prints TEXT.
+
+In both, ``...`` stands for any text and runs of whitespace compare equal, so a page may
+shorten long or machine-dependent output but never show output the code does not print.
+
 Further tests keep the docs complete and navigable: every public name of
 ``drivetrain`` appears in the docs, every event appears on the callbacks page,
 docs/index.md links to every page, and links between pages (and their #anchors)
@@ -14,7 +24,9 @@ resolve.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import re
 import sys
 import traceback
@@ -64,6 +76,65 @@ def code_blocks(text: str) -> list[Block]:
     return blocks
 
 
+def expected_output(expected: str, printed: str) -> bool:
+    """Whether ``printed`` is what a page shows as ``expected`` (``...`` = any text, whitespace runs equal)."""
+    def norm(text: str) -> str:
+        return " ".join(text.split())
+
+    pattern = ".*?".join(re.escape(part.strip()) for part in norm(expected).split("..."))
+    return re.fullmatch(pattern, norm(printed), flags=re.DOTALL) is not None
+
+
+_PRINTS = re.compile(r"^(?P<indent>\s*)(?P<call>print\(.*\))\s+# prints(?: (?P<text>.*))?$")
+
+
+def checked_prints(code: str, first_line: int) -> str:
+    """``code`` with each ``print(...)  # prints TEXT`` line wrapped to check its output (line count kept)."""
+    lines = code.split("\n")
+    for i, line in enumerate(lines):
+        match = _PRINTS.match(line)
+        if match is None:
+            continue
+        text = [match["text"] or ""]
+        for follow in lines[i + 1:]:
+            stripped = follow.strip()
+            if not stripped.startswith("#") or len(follow) - len(follow.lstrip()) < len(match["indent"]):
+                break
+            text.append(stripped[1:])
+        lines[i] = (f"{match['indent']}with __docs_expect__({first_line + i}, {' '.join(text)!r}): "
+                    f"{match['call']}")
+    return "\n".join(lines)
+
+
+class _Expect:
+    """Context manager the ``# prints`` lines become: captures one print and compares it with the page."""
+
+    def __init__(self, page: Path) -> None:
+        self.page = page
+
+    @contextlib.contextmanager
+    def __call__(self, line: int, expected: str):
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            yield
+        sys.stdout.write(buffer.getvalue())
+        assert expected_output(expected, buffer.getvalue()), (
+            f"{_page_id(self.page)}:{line} shows '# prints {expected}', but the code printed:\n{buffer.getvalue()}")
+
+
+def shown_outputs(text: str) -> dict[int, Block]:
+    """``{line of a python block: the text block right after it}`` for the blocks a page shows the output of."""
+    lines = text.splitlines()
+    blocks = code_blocks(text)
+    shown = {}
+    for block, after in zip(blocks, blocks[1:], strict=False):
+        closing = block.line - 1 + block.code.count("\n")  # 0-based index of the closing fence
+        if block.info == "python" and after.info == "text" and not any(
+                line.strip() for line in lines[closing + 1:after.line - 2]):
+            shown[block.line] = after
+    return shown
+
+
 def doc_pages() -> list[Path]:
     return sorted(DOCS.rglob("*.md"))
 
@@ -77,6 +148,15 @@ def _single_threaded() -> None:
         import torch
 
         torch.set_num_threads(1)
+    if importlib.util.find_spec("paddle") is not None and "paddle" not in sys.modules:
+        # paddle warns "No ccache found" on its first import on a machine without ccache (a compiler cache for
+        # custom operators). Pages run with warnings as errors; a page that does not silence it would fail, and
+        # its half-imported paddle would then break every later page. Import it once here, quietly.
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import paddle  # noqa: F401
 
 
 @pytest.fixture
@@ -98,19 +178,30 @@ def test_page_examples_run(page: Path, tmp_path, monkeypatch, clean_globals) -> 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.chdir(tmp_path)
     _single_threaded()
-    blocks = [b for b in code_blocks(page.read_text(encoding="utf-8")) if b.info == "python"]
+    text = page.read_text(encoding="utf-8")
+    blocks = [b for b in code_blocks(text) if b.info == "python"]
+    shown = shown_outputs(text)
     if not blocks:
         pytest.skip(f"{_page_id(page)} has no ```python blocks")
     module_name = "docs_example_" + re.sub(r"\W", "_", _page_id(page))
     module = types.ModuleType(module_name)
     module.__file__ = str(page)
+    module.__docs_expect__ = _Expect(page)
     sys.modules[module_name] = module  # classes defined on the page get a real module (dataclasses, pickle)
     try:
         for block in blocks:
             # Pad with blank lines so tracebacks point at the page's own line numbers.
-            code = compile("\n" * (block.line - 1) + block.code, str(page), "exec")
+            code = compile("\n" * (block.line - 1) + checked_prints(block.code, block.line), str(page), "exec")
+            printed = io.StringIO()
             try:
-                exec(code, module.__dict__)
+                with contextlib.redirect_stdout(printed) if block.line in shown else contextlib.nullcontext():
+                    exec(code, module.__dict__)
+                if block.line in shown:
+                    sys.stdout.write(printed.getvalue())
+                    output = shown[block.line]
+                    assert expected_output(output.code, printed.getvalue()), (
+                        f"the output shown at line {output.line} is not what the block printed:\n"
+                        f"{printed.getvalue()}")
             except BaseException as exc:  # noqa: BLE001 - report any failure with its block
                 if isinstance(exc, KeyboardInterrupt):
                     raise
@@ -161,6 +252,21 @@ def test_index_links_to_every_page() -> None:
     assert not unlinked, f"docs/index.md does not link to {unlinked}"
 
 
+NUMPY_INSTALL = "pip install -e examples/third_party_backend"
+
+
+def test_pages_using_the_numpy_example_backend_say_how_to_install_it() -> None:
+    """The example backend is not on any index: a page that uses it says how to install it, before its first use."""
+    silent = []
+    for page in doc_pages():
+        text = page.read_text(encoding="utf-8")
+        uses = [b.line for b in code_blocks(text) if b.info.startswith("python")
+                and re.search(r"drivetrain_numpy|driver=\"numpy\"", b.code)]
+        if uses and NUMPY_INSTALL not in "\n".join(text.splitlines()[:uses[0]]):
+            silent.append(_page_id(page))
+    assert not silent, f"pages using drivetrain_numpy without `{NUMPY_INSTALL}` before its first use: {silent}"
+
+
 def _slug(heading: str) -> str:
     """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
@@ -198,6 +304,16 @@ def test_links_between_pages_resolve() -> None:
             elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
                 broken.append(f"{_page_id(page)}: {target} (no such heading)")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_output_checks() -> None:
+    assert expected_output("a ... c", "a b\n  c")
+    assert expected_output("x=1\n...\nz=3", "x=1\ny=2\nz=3")
+    assert not expected_output("a c", "a b c")
+    assert not expected_output("a", "a\nb")
+    code = checked_prints("if True:\n    print(1)  # prints 1\n    # and more\nx = 2\n", 10)
+    assert code.split("\n")[1] == "    with __docs_expect__(11, '1  and more'): print(1)"
+    assert code.count("\n") == 4
 
 
 def test_code_block_parser() -> None:

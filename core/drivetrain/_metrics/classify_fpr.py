@@ -69,6 +69,8 @@ class ClassifyFPreRecMetric(Metric):
 
     @property
     def result_names(self) -> tuple[str, ...]:  # type: ignore[override]  # computed; the base's is a class attribute
+        """The keys :meth:`get_metric` returns: ``f``, ``pre``, ``rec``, plus one of each per kept label unless
+        ``only_gross``."""
         names = ["f", "pre", "rec"]
         if not self.only_gross:
             for i in self.kept:

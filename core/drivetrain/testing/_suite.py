@@ -23,6 +23,8 @@ class ContractSuite:
     backend: str | None = None
 
     def make_kit(self) -> BackendKit:
+        """The kit the checks run with: the backend's own (``kit_for(backend)``); override it to test a kit
+        that is not registered. Raises TypeError when ``backend`` is not set."""
         if self.backend is None:
             raise TypeError(f"{type(self).__name__} must set backend = '<name>' or override make_kit().")
         return kit_for(self.backend)
@@ -49,6 +51,7 @@ class CheckResult:
 
     @property
     def passed(self) -> bool:
+        """Whether the check passed (no error recorded)."""
         return self.error is None
 
 
