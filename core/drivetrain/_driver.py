@@ -98,6 +98,11 @@ class Driver(abc.ABC):
         self.optimizers: list[Any] = []
 
     # ------------------------------------------------------------------ lifecycle
+    def configure_loop(self, *, accumulation_steps: int) -> None:
+        """The Trainer's loop settings, given once before :meth:`setup`: a driver whose engine needs them (DeepSpeed's
+        ``gradient_accumulation_steps``) checks and takes them here, so a contradiction fails when the Trainer is
+        built. Default: nothing."""
+
     def setup(self) -> None:
         """Move the model to its device and prepare anything that needs the process group."""
 

@@ -123,7 +123,7 @@ class Trainer:
             model_wo_auto_param_call=model_wo_auto_param_call, backend_kwargs=backend_kwargs,
             **({} if nproc is None else {"nproc": nproc}))
         configure_logging(level, is_global_zero=self.driver.is_global_zero)
-        self._setup_driver(optimizers, needs_optimizers=batch_step_fn is None)
+        self._setup_driver(optimizers, needs_optimizers=batch_step_fn is None, accumulation_steps=accumulation_steps)
         self._setup_data(train_dataloader, check_dataloader_legality, use_dist_sampler, reproducible_sampler,
                          overfit_batches)
         self.metrics, self.monitor, self.larger_better, self.evaluate_every = metrics, monitor, larger_better, evaluate_every
@@ -143,13 +143,14 @@ class Trainer:
         self._reset_position(n_epochs, n_batches, accumulation_steps)
         self.fire("on_after_trainer_initialized", self.driver)
 
-    def _setup_driver(self, optimizers: Any, needs_optimizers: bool) -> None:
+    def _setup_driver(self, optimizers: Any, needs_optimizers: bool, accumulation_steps: int) -> None:
         driver = self.driver
         driver.set_optimizers(optimizers)
         if not driver.optimizers and needs_optimizers:
             raise ConfigurationError(
                 "optimizers=None: pass the optimizer(s) to train with, or a batch_step_fn that updates the model."
             )
+        driver.configure_loop(accumulation_steps=accumulation_steps)
         driver.setup()
         driver.zero_grad()  # a clean start; a checkpoint loaded later may bring back gradients of a cycle
 

@@ -243,14 +243,17 @@ def check_batch_size(plan: DeepSpeedPlan, batch_size: Any) -> None:
     )
 
 
-def check_accumulation(plan: DeepSpeedPlan, micro_batches: int) -> None:
-    """The micro-batches the Trainer accumulated before its first step against the config's accumulation."""
+def check_accumulation(plan: DeepSpeedPlan, micro_batches: int, declared: bool = False) -> None:
+    """The config's accumulation against the Trainer's: its ``accumulation_steps`` (``declared``, when the
+    Trainer is built) or the micro-batches it accumulated before its first step."""
     steps = plan.config.get("gradient_accumulation_steps")
     if not isinstance(steps, int) or steps == micro_batches:
         return
+    trainer = (f"Trainer(accumulation_steps={micro_batches})" if declared else
+               f"the Trainer, which stepped after {micro_batches} micro-batch(es) (Trainer(accumulation_steps="
+               f"{micro_batches}), or an epoch shorter than that)")
     raise DriverError(
-        f"{CONFIG}['gradient_accumulation_steps']={steps} contradicts the Trainer, which stepped after "
-        f"{micro_batches} micro-batch(es) (Trainer(accumulation_steps={micro_batches}), or an epoch shorter than "
-        f"that); pass accumulation_steps={steps} to the Trainer, or set the config's value to 'auto' (or leave it "
-        "out): drivetrain fills it from accumulation_steps."
+        f"{CONFIG}['gradient_accumulation_steps']={steps} contradicts {trainer}; pass accumulation_steps={steps} "
+        "to the Trainer, or set the config's value to 'auto' (or leave it out): drivetrain fills it from "
+        "accumulation_steps."
     )

@@ -137,6 +137,11 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
             )
         self.config = self._merged()  # refuses a contradiction now, when the Trainer is built
 
+    def configure_loop(self, *, accumulation_steps: int) -> None:
+        """A config whose ``gradient_accumulation_steps`` contradicts the Trainer fails now, before any process
+        group starts (the first step checks the cycle it sees as well: an epoch may be shorter)."""
+        check_accumulation(self.plan, accumulation_steps, declared=True)
+
     def _merged(self) -> dict[str, Any]:
         torch_optimizers = bool(self.optimizers) and not isinstance(self.optimizers[0], _ConfigOptimizer)
         return _merged_config(self.plan, precision=self.precision, grad_clip=self.grad_clip,

@@ -223,9 +223,11 @@ def _build(optimizer: bool = True, **options) -> Trainer:
     ({"deepspeed_kwargs": {"config": {"managed_gradient_accumulation": True}}},
      ["managed_gradient_accumulation", "remove it"]),
     ({"deepspeed_kwargs": {"ddp_kwargs": {}}}, ["ddp_kwargs", "deepspeed_kwargs['config']"]),
+    ({"accumulation_steps": 2, "deepspeed_kwargs": {"config": {"gradient_accumulation_steps": 4}}},
+     ["['gradient_accumulation_steps']=4 contradicts Trainer(accumulation_steps=2)", "accumulation_steps=4"]),
     ({"precision": "fp16"}, ["precision='fp16'", "does not support", "bf16"]),
 ], ids=["config-type", "config-path", "stage", "stage-twice", "precision", "precision-default", "clipping",
-        "clip-by-value", "two-optimizers", "managed-accumulation", "ddp-kwargs", "fp16-on-cpu"])
+        "clip-by-value", "two-optimizers", "managed-accumulation", "ddp-kwargs", "accumulation", "fp16-on-cpu"])
 def test_a_bad_option_names_the_argument_and_the_fix(options, words) -> None:
     """Refused before any process group starts (the checks run when the Trainer is built)."""
     import torch.distributed as dist
