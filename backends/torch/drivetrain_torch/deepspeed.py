@@ -49,7 +49,7 @@ from ._deepspeed_plan import (
 )
 from ._deepspeed_plan import merged_config as _merged_config
 from ._device import move_to_device
-from .distributed import TorchDDPDriver
+from .distributed import TorchDDPDriver, call_through_wrapper
 from .plugin import DEEPSPEED_CAPABILITIES
 from .state import as_tensor
 
@@ -233,7 +233,8 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
 
         def call(*args: Any, **kwargs: Any) -> Any:
             with self._peer_failures("the training forward through the DeepSpeed engine"):
-                return engine(*args, **kwargs) if method is None else _through_engine(engine, method, args, kwargs)
+                return (engine(*args, **kwargs) if method is None
+                        else call_through_wrapper(engine, engine.module, method, args, kwargs))
 
         return call, signature
 
@@ -366,35 +367,6 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
                 "this checkpoint was taken inside a gradient-accumulation cycle (it holds gradients), which "
                 "driver='deepspeed' cannot resume; resume from a checkpoint taken when a cycle ended."
             )
-
-
-def _through_engine(engine: Any, method: str, args: tuple, kwargs: dict) -> Any:
-    """Run ``module.<method>`` inside the engine's forward, which keeps ZeRO's count of micro-batches (ZeRO-3
-    overwrites instead of accumulating the gradients of a micro-batch it did not see start).
-
-    The module's ``forward`` is replaced for exactly one call and put back before the method runs, so a method
-    calling ``self(...)`` reaches the real forward.
-    """
-    module = engine.module
-    target = getattr(module, method)
-    missing = object()
-    saved = module.__dict__.get("forward", missing)
-
-    def restore() -> None:
-        if saved is missing:
-            module.__dict__.pop("forward", None)
-        else:
-            module.__dict__["forward"] = saved
-
-    def once(*a: Any, **k: Any) -> Any:
-        restore()
-        return target(*a, **k)
-
-    module.__dict__["forward"] = once
-    try:
-        return engine(*args, **kwargs)
-    finally:
-        restore()
 
 
 def _cast_floats(batch: Any, dtype: torch.dtype) -> Any:

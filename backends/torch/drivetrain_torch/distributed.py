@@ -193,7 +193,7 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
                     return ddp(method, *args, **kwargs)
                 if method == "forward":
                     return ddp(*args, **kwargs)
-                return _call_through_user_ddp(ddp, method, args, kwargs)
+                return call_through_wrapper(ddp, ddp.module, method, args, kwargs)
             except RuntimeError as exc:
                 self._guard.raise_peer_failure(exc, f"the training forward ({method}) through DDP")
                 raise
@@ -242,13 +242,13 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
         return tensor.cpu().numpy()
 
 
-def _call_through_user_ddp(ddp: DistributedDataParallel, method: str, args: tuple, kwargs: dict) -> Any:
-    """Run ``module.<method>`` inside the user's DDP forward, so its gradients are synchronised.
+def call_through_wrapper(wrapper: Any, module: torch.nn.Module, method: str, args: tuple, kwargs: dict) -> Any:
+    """Run ``module.<method>`` inside ``wrapper``'s forward (the user's DDP, so its gradients are synchronised;
+    a DeepSpeed engine, so ZeRO counts the micro-batch).
 
     The module's ``forward`` is replaced for exactly one call (put back before the method
     runs, so a method calling ``self(...)`` reaches the real forward).
     """
-    module = ddp.module
     target = getattr(module, method)
     missing = object()
     saved = module.__dict__.get("forward", missing)
@@ -265,6 +265,6 @@ def _call_through_user_ddp(ddp: DistributedDataParallel, method: str, args: tupl
 
     module.__dict__["forward"] = once
     try:
-        return ddp(*args, **kwargs)
+        return wrapper(*args, **kwargs)
     finally:
         restore()
