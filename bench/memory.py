@@ -9,6 +9,9 @@ with LayerNorm; a ModuleList, so FSDP shards each block) trained with Adam for a
 CPU and gloo, at 2 and 4 ranks, each started by ``torch.distributed.run``. A third side,
 ``hand-fsdp``, is a hand-written FSDP2 loop (``fully_shard`` per block and at the root,
 forward, backward, ``step()``, ``zero_grad()``) on the same model, for the step-time ratio.
+Two more sides, run when named in ``--sides``: ``fsdp-meta`` builds the model on the meta
+device (each rank allocates only its shards), ``fsdp-linear`` also makes every Linear its own
+FSDP unit (``torch_fsdp_kwargs={"wrap": ["Linear"]}``: half-size gather and reduce buffers).
 
 Each rank measures its resident memory (``VmRSS``) after the imports, before the model is
 built: the baseline. The peak (``VmHWM``) minus that baseline is reported twice:
@@ -45,8 +48,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 WIDTH, HIDDEN, BLOCKS, BATCH = 1024, 4096, 6, 8
-SIDES = ("ddp", "fsdp", "hand-fsdp", "zero3")
-DRIVERS = {"ddp": "torch", "fsdp": "torch_fsdp", "zero3": "deepspeed"}
+SIDES = ("ddp", "fsdp", "hand-fsdp", "zero3", "fsdp-meta", "fsdp-linear")
+DEFAULT_SIDES = SIDES[:4]
+DRIVERS = {"ddp": "torch", "fsdp": "torch_fsdp", "zero3": "deepspeed", "fsdp-meta": "torch_fsdp",
+           "fsdp-linear": "torch_fsdp"}
 LEAN_ZERO3 = {"stage": 3, "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0,
               "stage3_prefetch_bucket_size": 0, "reduce_bucket_size": 5 * 10**6}
 """ZeRO-3 keeping no gathered parameter around (DeepSpeed's defaults keep up to 1e9 live, i.e. all of this model)."""
@@ -118,7 +123,11 @@ def worker(side: str, steps: int, out: str) -> None:
             reset_peak()
 
     torch.manual_seed(0)
-    model = Net()
+    if side in ("fsdp-meta", "fsdp-linear"):  # built on the meta device: each rank allocates only its shards
+        with torch.device("meta"):
+            model = Net()
+    else:
+        model = Net()
     n_params = sum(p.numel() for p in model.parameters())
     world = int(os.environ["WORLD_SIZE"])
     gen = torch.Generator().manual_seed(1)
@@ -148,6 +157,8 @@ def worker(side: str, steps: int, out: str) -> None:
                                              collate_fn=lambda items: {"x": torch.stack([i[0] for i in items]),
                                                                        "y": torch.stack([i[1] for i in items])})
         options = {"deepspeed_kwargs": {"config": {"zero_optimization": LEAN_ZERO3}}} if side == "zero3" else {}
+        if side == "fsdp-linear":  # every Linear its own FSDP unit: gather/reduce buffers of 4.2M, not 8.4M
+            options = {"torch_fsdp_kwargs": {"wrap": ["Linear"]}}
         trainer = Trainer(model, loader, torch.optim.Adam(model.parameters(), lr=1e-4), driver=DRIVERS[side],
                           n_epochs=1, n_batches=steps, callbacks=[Steps()], progress_bar=None, **options)
         trainer.run(num_eval_sanity_batch=0)
@@ -222,7 +233,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
+    parser.add_argument("--sides", nargs="+", default=list(DEFAULT_SIDES), choices=SIDES)
     parser.add_argument("--json")
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
