@@ -171,6 +171,7 @@ def main() -> None:
     parser.add_argument("phases")
     parser.add_argument("--other")
     parser.add_argument("--nproc", type=int)
+    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # the deepspeed launcher passes it
     args = parser.parse_args()
     for phase in args.phases.split(","):
         run_phase(phase, args)

@@ -83,6 +83,18 @@ def back(run, tmp_path_factory) -> Path:
 
 
 # ------------------------------------------------------------------------ training
+def test_the_deepspeed_launcher_starts_the_same_run_as_torchrun(run, tmp_path) -> None:
+    """DeepSpeed's own launcher (``deepspeed --num_gpus 2``; on the CPU accelerator it starts 2 processes) sets
+    the variables torchrun sets: the ZeRO-2 run is the torchrun one, bit for bit."""
+    launcher = Path(sys.executable).with_name("deepspeed")
+    _launch([str(launcher), "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT, str(tmp_path), "zero2"],
+            tmp_path)
+    launched, reference = _read(tmp_path, "zero2"), _read(run, "zero2")
+    for rank in (0, 1):
+        assert launched[rank]["world_size"] == 2 and launched[rank]["rank"] == rank
+        assert launched[rank]["params"] == reference[rank]["params"]
+
+
 @pytest.mark.parametrize("phase", ["zero2", "zero3", "config-optimizer"])
 def test_zero_training_equals_ddp(run, phase) -> None:
     """2 epochs, accumulation 2, clipping by norm, AdamW: the parameters of DDP within fp32 rounding."""
