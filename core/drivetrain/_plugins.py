@@ -8,6 +8,7 @@ its driver is actually chosen.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -23,7 +24,7 @@ from typing import Any
 import pluggy
 
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
-from ._errors import DriverNotFoundError, PluginLoadError
+from ._errors import ConfigurationError, DriverNotFoundError, PluginLoadError
 from ._suggest import did_you_mean
 from ._version import __version__
 
@@ -438,6 +439,25 @@ def resolve_spec(driver: str, model: Any) -> DriverSpec:
     return spec
 
 
+def _refuse_misspelt_options(backend_kwargs: dict[str, Any]) -> None:
+    """``trch_kwargs=`` is a typo of ``torch_kwargs=``, not options for a driver named 'trch'.
+
+    Options for a driver that is not installed here are passed over (one script may carry options for
+    several frameworks), so only a name very close to a known driver's (difflib ratio >= 0.85) is refused.
+    """
+    known = set(available_drivers()) | set(KNOWN_BACKENDS)
+    for name in backend_kwargs:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
+        if close:
+            raise ConfigurationError(
+                f"{name}_kwargs=: no driver is called {name!r}; did you mean {close[0]}_kwargs=? (Options for a "
+                f"driver that is not installed are passed over, but {name!r} is too close to {close[0]!r} to be "
+                "another driver's name.)"
+            )
+
+
 def create_driver(driver: Any, model: Any, device: Any, *,
                   backend_kwargs: dict[str, Any] | None = None, **options: Any) -> Driver:
     """Build the driver named ``driver`` (or take a ready :class:`Driver` instance as is).
@@ -449,6 +469,7 @@ def create_driver(driver: Any, model: Any, device: Any, *,
     if isinstance(driver, Driver):
         return driver
     spec = resolve_spec(driver, model)
+    _refuse_misspelt_options(backend_kwargs or {})
     module_name, _, attr = spec.factory.partition(":")
     factory = getattr(importlib.import_module(module_name), attr)
     framework_kwargs = (backend_kwargs or {}).get(spec.name)

@@ -77,6 +77,18 @@ def test_bad_argument_is_named(overrides, pattern):
     assert re.search(pattern, str(info.value)), str(info.value)
 
 
+def test_a_misspelt_driver_options_argument_is_refused_with_the_right_name():
+    with pytest.raises(ConfigurationError, match=r"nmpy_kwargs=: no driver is called 'nmpy'; did you mean numpy_kwargs="):
+        build(nmpy_kwargs={"threads": 2})
+    with pytest.raises(ConfigurationError, match=r"did you mean paddle_kwargs="):  # known, though not installed here
+        build(pddle_kwargs={})
+
+
+def test_options_for_drivers_not_installed_here_are_passed_over():
+    """One script may carry options for several frameworks; names far from every known driver pass."""
+    build(paddle_kwargs={"overlap": True}, mindspore_kwargs={"mode": 0}, torch_xla_kwargs={})
+
+
 def test_known_backend_not_installed_gives_pip_command():
     from drivetrain import available_drivers
     from drivetrain._plugins import KNOWN_BACKENDS
