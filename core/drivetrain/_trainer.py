@@ -230,6 +230,7 @@ class Trainer:
         self._has_run = False
         self._in_epoch = False
         self._mid_batch = False  # a batch was fetched and its step has not completed
+        self._failed_by: BaseException | None = None  # what ended run() abnormally (checkpoints then are for salvage)
         self._resume_batches = 0  # batches of the current epoch a resumed run starts after
         self._resume_samples: int | None = None  # the same position in samples, when a sampler tracks it
         self._epoch_start_batch = 0  # batch index the running epoch's iteration started at
@@ -328,11 +329,13 @@ class Trainer:
         except EarlyStopException as exc:
             self.fire("on_exception", exc)
         except KeyboardInterrupt as exc:
+            self._failed_by = exc
             self.driver.on_exception()
             self.fire("on_exception", exc)
             if not catch_KeyboardInterrupt:
                 raise
         except BaseException as exc:
+            self._failed_by = exc
             self.driver.on_exception()
             self.fire("on_exception", exc)
             raise

@@ -134,6 +134,31 @@ def test_save_on_exception(tmp_path):
     assert isinstance(info.value.__cause__, Stop)
     assert listing(tmp_path) == ["exception-step_00000007"]
     assert _manifest(tmp_path / "exception-step_00000007")["trainer"]["global_forward_batches"] == 7
+    assert _manifest(tmp_path / "exception-step_00000007")["trainer"]["after_exception"] == "CallbackError"
+
+
+def test_exception_checkpoint_is_never_resumed_silently(tmp_path):
+    """A checkpoint written while a run failed (here after every callback of batch 7 ran, so it is even
+    between batches) is not what resume_from=<folder> or "latest" picks: they take the newest periodic one.
+    Named explicitly it still resumes (it may be all there is), with a warning that says what to do instead."""
+    trainer = make_trainer([CheckpointCallback(tmp_path, every_n_batches=4, save_on_exception=True)])
+    stop_after(trainer, 7)
+    with pytest.raises(CallbackError):
+        trainer.run()
+    assert listing(tmp_path) == ["exception-step_00000007", "step_00000004-epoch_0-batch_4"]
+
+    for resume_from in (tmp_path, "latest"):  # "latest" looks in the folders of the trainer's CheckpointCallbacks
+        resumed = make_trainer([CheckpointCallback(tmp_path, save_last=False, save_on_exception=True)], n_epochs=1)
+        seen: list[int] = []
+        resumed.add_callback_fn(Event.on_train_begin(), lambda t, seen=seen: seen.append(t.global_forward_batches))
+        resumed.run(resume_from=resume_from)
+        assert seen == [4]
+
+    explicit = make_trainer(n_epochs=1)
+    with pytest.warns(RuntimeWarning, match=r"exception-step_00000007 was written while handling CallbackError .*"
+                                            r"not sample-exact\. For an exact resume pass resume_from="):
+        explicit.run(resume_from=tmp_path / "exception-step_00000007")
+    assert explicit.global_forward_batches == 13
 
 
 def test_early_stop_is_a_normal_end(tmp_path):

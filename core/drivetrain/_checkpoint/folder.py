@@ -284,11 +284,18 @@ def _newest_training_checkpoint(path: str) -> tuple[str, dict[str, Any]] | None:
     if damaged:
         warnings.warn(f"resume_from={path!r}: skipping checkpoint(s) with a damaged manifest: {damaged}",
                       RuntimeWarning, stacklevel=4)
-    # Weights-only folders cannot resume training, and a checkpoint taken in the middle of a
-    # batch (e.g. on an exception) is taken only when named explicitly.
+    # Weights-only folders cannot resume training, and a checkpoint written after an exception
+    # (maybe in the middle of a batch) is taken only when named explicitly.
     found = [(folder, manifest) for folder, manifest in list_checkpoints(path)
-             if manifest.get("kind") == "trainer" and manifest["trainer"].get("at_batch_boundary", True)]
+             if manifest.get("kind") == "trainer" and resumes_exactly(manifest)]
     return found[-1] if found else None
+
+
+def resumes_exactly(manifest: dict[str, Any]) -> bool:
+    """Whether a training checkpoint was written at a point a run can continue from exactly: between
+    batches, with every callback done for the last step (not while handling an exception)."""
+    trainer = manifest.get("trainer", {})
+    return bool(trainer.get("at_batch_boundary", True)) and not trainer.get("after_exception")
 
 
 def resolve_resume_folder(path: str | os.PathLike) -> str:
@@ -302,8 +309,8 @@ def resolve_resume_folder(path: str | os.PathLike) -> str:
     if newest is None:
         raise CheckpointError(
             f"resume_from={path!r} holds no complete training checkpoint taken between batches (no sub-folder "
-            f"with a {MANIFEST} of kind 'trainer'); pass a checkpoint folder or the folder CheckpointCallback "
-            "writes into."
+            f"with a {MANIFEST} of kind 'trainer' written outside an exception); pass a checkpoint folder or the "
+            "folder CheckpointCallback writes into."
         )
     return newest[0]
 

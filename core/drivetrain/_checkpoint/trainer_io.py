@@ -8,9 +8,17 @@ wrappers around these functions. The format itself (what each file holds) is in
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from .folder import CheckpointError, read_checkpoint, read_manifest, verified_file, write_checkpoint
+from .folder import (
+    CheckpointError,
+    read_checkpoint,
+    read_manifest,
+    resumes_exactly,
+    verified_file,
+    write_checkpoint,
+)
 from .sharded import is_sharded, load_shards, open_shards, whole_file_source, write_sharded_checkpoint
 from .training import (
     MODEL_FILE,
@@ -56,7 +64,9 @@ def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool
 
 def _loop_settings(trainer: Trainer) -> dict[str, Any]:
     """What the manifest records about the run beside its position (for people reading it)."""
-    return {"at_batch_boundary": not trainer._mid_batch, "n_epochs": trainer.n_epochs, "n_batches": trainer.n_batches,
+    failed = trainer._failed_by
+    return {"at_batch_boundary": not trainer._mid_batch,
+            "after_exception": None if failed is None else type(failed).__name__, "n_epochs": trainer.n_epochs, "n_batches": trainer.n_batches,
             "accumulation_steps": trainer.accumulation_steps, "world_size": trainer.driver.world_size}
 
 
@@ -91,6 +101,8 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
     if not resume_training:
         trainer.fire("on_load_checkpoint", state["callbacks"])
         return
+    if not resumes_exactly(loaded.manifest):
+        _warn_salvage(loaded.folder, loaded.manifest["trainer"])
     driver.load_precision_state(state["precision"])
     trainer.callback_manager.load_states(trainer, {**state["callbacks"], **decoded.pickled})
     trainer._resume_at(state["position"])
@@ -98,6 +110,19 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
         trainer._sampler.load_state_dict(state["sampler"])
     trainer.fire("on_load_checkpoint", state["callbacks"])
     restore_process_state(driver, state)  # last, so nothing done while loading shifts the restored RNGs
+
+
+def _warn_salvage(folder: str, settings: dict[str, Any]) -> None:
+    """Resuming from a checkpoint written while a run failed: allowed (it may be all there is), never silently."""
+    when = (f"while handling {settings['after_exception']}" if settings.get("after_exception")
+            else "in the middle of a batch")
+    parent = os.path.dirname(os.path.abspath(folder))
+    warnings.warn(
+        f"{folder} was written {when} (e.g. by CheckpointCallback(save_on_exception=True)): the step it "
+        "stopped in may be half done and callbacks after the failure did not run, so this resume is not "
+        f"sample-exact. For an exact resume pass resume_from={parent!r} (its newest checkpoint taken between "
+        "batches) or resume_from='latest'; to keep only the weights use load_model().",
+        RuntimeWarning, stacklevel=4)
 
 
 def _verified_model_file(driver: Any, path: str) -> str:
