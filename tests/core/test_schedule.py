@@ -13,6 +13,7 @@ from drivetrain import (
     ConfigurationError,
     DriverError,
     Event,
+    LRSchedulerCallback,
     Trainer,
     WarmupSchedule,
     seed_everything,
@@ -328,3 +329,43 @@ def test_a_checkpoint_for_other_param_groups_is_refused(tmp_path):
         schedule.on_load_checkpoint(trainer, {"steps": 3, "base_lrs": [[0.1], [0.1]], "kind": "linear"})
     with pytest.raises(ConfigurationError, match=r"not what WarmupSchedule saves"):
         schedule.on_load_checkpoint(trainer, {"batches": 3})
+
+
+class Halving:
+    """A framework-free learning-rate scheduler: halves the numpy SGD's rate at each step."""
+
+    def __init__(self, optimizer) -> None:
+        self.optimizer = optimizer
+
+    def step(self) -> None:
+        self.optimizer.lr *= 0.5
+
+
+def _trainer_with(callbacks_of):
+    model = LinearModel(3, 1)
+    optimizer = SGD(model.params, model.grads, lr=0.1)
+    return Trainer(model, ArrayLoader(make_regression(n=40), batch_size=8), optimizer, driver="numpy", n_epochs=1,
+                   progress_bar=None, callbacks=callbacks_of(optimizer))
+
+
+def test_a_second_schedule_on_the_same_rates_is_refused_when_the_trainer_is_built():
+    """Both would rewrite the rates after every step and the run would follow whichever came last."""
+    with pytest.raises(ConfigurationError, match=r"WarmupSchedule\('linear', warmup_steps=2.*\) and "
+                                                 r"LRSchedulerCallback\(Halving\) both set the learning rates .* "
+                                                 r"keep one: drop the LRSchedulerCallback"):
+        _trainer_with(lambda opt: [LRSchedulerCallback(Halving(opt)), WarmupSchedule(warmup_steps=2)])
+    with pytest.raises(ConfigurationError, match=r"share callback_name='WarmupSchedule'"):
+        _trainer_with(lambda opt: [WarmupSchedule(warmup_steps=2), WarmupSchedule("cosine")])
+
+    class Renamed(WarmupSchedule):  # what that first message suggests: then the real conflict is named
+        callback_name = "second_schedule"
+
+    with pytest.raises(ConfigurationError, match=r"pass one WarmupSchedule \(it schedules every optimizer"):
+        _trainer_with(lambda opt: [WarmupSchedule(warmup_steps=2), Renamed("cosine")])
+
+
+def test_each_schedule_alone_still_trains():
+    for callbacks_of in (lambda opt: [LRSchedulerCallback(Halving(opt))], lambda opt: [WarmupSchedule(warmup_steps=2)]):
+        trainer = _trainer_with(callbacks_of)
+        trainer.run()
+        assert trainer.global_forward_batches == 5

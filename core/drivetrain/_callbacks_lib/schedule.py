@@ -17,6 +17,7 @@ from typing import Any
 from .._callbacks import Callback
 from .._errors import ConfigurationError
 from .._suggest import close_matches
+from .lr_scheduler import LRSchedulerCallback
 
 KINDS = ("linear", "cosine", "constant")
 _OWNER = "WarmupSchedule"
@@ -179,6 +180,7 @@ class WarmupSchedule(Callback):
 
     # ------------------------------------------------------------------- events
     def on_after_trainer_initialized(self, trainer: Any, driver: Any) -> None:
+        _refuse_rivals(self, trainer)
         base = driver.get_lrs()
         driver.set_lrs(base)  # unchanged: refuses now, not at the first step, an optimizer whose rate cannot be set
         self.base_lrs = [list(map(float, rates)) for rates in base]
@@ -244,6 +246,27 @@ class WarmupSchedule(Callback):
             self.base_lrs = [list(map(float, rates)) for rates in base]
         self.steps = int(states["steps"])
         self._saved_total = states.get("total_steps")
+
+
+def _refuse_rivals(schedule: WarmupSchedule, trainer: Any) -> None:
+    """Refuse a second learning-rate schedule on the same trainer: each would overwrite the other's rates
+    after every optimizer step, and the run would follow whichever came last in ``callbacks=``."""
+    for other in trainer.callback_manager.callbacks:
+        if other is schedule:
+            continue
+        if isinstance(other, LRSchedulerCallback):
+            raise ConfigurationError(
+                f"{schedule!r} and LRSchedulerCallback({type(other.scheduler).__name__}) both set the learning rates "
+                "of this Trainer's optimizers after every step; keep one: drop the LRSchedulerCallback "
+                f"({_OWNER} warms up and decays by itself), or drop the {_OWNER} and build the warmup into your "
+                "scheduler (torch: lr_scheduler.SequentialLR of a LinearLR warmup and your decay; paddle: "
+                "paddle.optimizer.lr.LinearWarmup around it)."
+            )
+        if isinstance(other, WarmupSchedule):
+            raise ConfigurationError(
+                f"{schedule!r} and {other!r} both set the learning rates of this Trainer's optimizers; pass one "
+                f"{_OWNER} (it schedules every optimizer and param group)."
+            )
 
 
 def _check_kind(kind: Any) -> None:
