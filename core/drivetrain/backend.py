@@ -29,7 +29,14 @@ from ._backend_checks import (
 )
 from ._checkpoint.folder import CheckpointError
 from ._checkpoint.safetensors_writer import array_buffer
-from ._checkpoint.sharded import MODEL_PREFIX, ShardPiece, ShardRead, ShardSource, StateShards
+from ._checkpoint.sharded import (
+    MODEL_PREFIX,
+    ShardPiece,
+    ShardRead,
+    ShardSource,
+    StateShards,
+    flat_range_boxes,
+)
 from ._dataloaders import OverfitLoader
 from ._default_sampling import DefaultSampling
 from ._device_args import (
@@ -216,6 +223,7 @@ __all__ = [
     "ShardPiece",  # one rank's piece of a tensor: the tensor, its offsets in the full tensor, the full shape
     "ShardSource",  # a verified sharded checkpoint: keys, shapes, meta, and the reads that fill a piece
     "ShardRead",  # one copy: slices of a stored piece (file, key) into slices of the piece being loaded
+    "flat_range_boxes",  # a flat range of a tensor as boxes: pieces for drivers that shard flattened tensors
     "MODEL_PREFIX",  # 'model/': the state keys of model weights in a sharded checkpoint
     "CheckpointError",  # a checkpoint that cannot be loaded (also drivetrain.CheckpointError)
     "bool_option",

@@ -13,7 +13,7 @@ import pytest
 import safetensors
 
 from drivetrain import CheckpointError, Trainer, export_weights
-from drivetrain.backend import MODEL_PREFIX, ShardPiece, ShardSource, StateShards
+from drivetrain.backend import MODEL_PREFIX, ShardPiece, ShardSource, StateShards, flat_range_boxes
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 from drivetrain_numpy.driver import NumpyDriver
 
@@ -124,6 +124,67 @@ def test_a_sharded_checkpoint_round_trips_and_exports(tmp_path) -> None:
     assert fresh.driver.optimizers[0].lr == 0.05  # from the driver's meta
 
     exported = export_weights(folder, tmp_path / "weights.safetensors")
+    with safetensors.safe_open(exported, framework="np") as f:
+        assert {k: f.get_tensor(k).tolist() for k in f.keys()} == {k: v.tolist() for k, v in expected.items()}
+
+
+class FlatRangeNumpyDriver(ShardingNumpyDriver):
+    """Writes every weight as the boxes of two flat ranges (as ZeRO-3 partitions a flattened tensor): the first
+    range ends inside a row, so a key has several pieces, some of them partial rows."""
+
+    def state_shards(self) -> StateShards:
+        pieces: dict[str, Any] = {}
+        for name, array in self.model.params.items():
+            flat, cut = array.reshape(-1), array.size // 2 + 1
+            pieces[MODEL_PREFIX + name] = [*_boxes(flat[:cut], 0, array.shape), *_boxes(flat[cut:], cut, array.shape)]
+        return StateShards(pieces, {"lrs": [opt.lr for opt in self.optimizers]})
+
+
+def _boxes(flat: np.ndarray, start: int, shape: tuple[int, ...]) -> list[ShardPiece]:
+    pieces, at = [], 0
+    for offsets, sizes in flat_range_boxes(start, flat.size, shape):
+        n = int(np.prod(sizes))
+        pieces.append(ShardPiece(flat[at:at + n].reshape(sizes), offsets, shape))
+        at += n
+    return pieces
+
+
+@pytest.mark.parametrize("shape", [(7,), (5, 3), (4, 3, 5), (2, 1, 3, 2), ()])
+def test_flat_range_boxes_cover_exactly_the_range_in_order(shape) -> None:
+    total = int(np.prod(shape))
+    full = np.arange(total).reshape(shape)
+    for start in range(total + 1):
+        for count in range(total - start + 1):
+            boxes = flat_range_boxes(start, count, shape)
+            got = [full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes, strict=True))].reshape(-1)
+                   for offsets, sizes in boxes]
+            assert (np.concatenate(got) if got else np.arange(0)).tolist() == list(range(start, start + count))
+            assert len(boxes) <= 2 * max(len(shape) - 1, 0) + 1  # partial rows at each level, one block of rows
+    with pytest.raises(ValueError, match="do not fit a tensor of shape"):
+        flat_range_boxes(3, total, shape)
+
+
+def test_a_key_given_as_several_boxes_round_trips_and_exports(tmp_path) -> None:
+    model = LinearModel(5, 3)  # a 5x3 weight: cut after 8 values, inside row 2
+    for array in model.params.values():
+        array[...] = np.arange(array.size, dtype=np.float32).reshape(array.shape) + 0.5
+    trainer = Trainer(model, ArrayLoader(make_regression(), batch_size=8), SGD(model.params, model.grads, lr=0.05),
+                      driver=FlatRangeNumpyDriver(model), n_epochs=1, progress_bar=None)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    layout = json.loads((tmp_path / "ckpt" / "shards.json").read_text())["tensors"]
+    chunks = {key: [(c["offsets"], c["sizes"], c.get("key")) for c in entry["chunks"]] for key, entry in layout.items()}
+    weight = [key for key in chunks if len(layout[key]["shape"]) == 2][0]
+    assert chunks[weight] == [([0, 0], [2, 3], f"{weight}#0"), ([2, 0], [1, 2], f"{weight}#1"),
+                              ([2, 2], [1, 1], f"{weight}#2"), ([3, 0], [2, 3], f"{weight}#3")]
+    expected = {k: v.copy() for k, v in model.params.items()}
+
+    fresh_model = LinearModel(5, 3, seed=7)
+    fresh = Trainer(fresh_model, ArrayLoader(make_regression(), batch_size=8),
+                    SGD(fresh_model.params, fresh_model.grads, lr=0.9), driver=ShardingNumpyDriver(fresh_model),
+                    n_epochs=1, progress_bar=None)
+    fresh.load_checkpoint(tmp_path / "ckpt", resume_training=False)
+    assert all(np.array_equal(fresh_model.params[k], v) for k, v in expected.items())
+    exported = export_weights(tmp_path / "ckpt", tmp_path / "weights.safetensors")
     with safetensors.safe_open(exported, framework="np") as f:
         assert {k: f.get_tensor(k).tolist() for k in f.keys()} == {k: v.tolist() for k, v in expected.items()}
 

@@ -9,8 +9,10 @@ manifest, tensors in safetensors and everything else in JSON.
 Files beside the usual ``training_state.*`` (which rank 0 writes as for any checkpoint):
 
 - ``shards-<rank>-of-<world>.safetensors``: the pieces that rank holds, each under its
-  state key (``model/<parameter name>`` for weights; the driver names the rest);
-- ``shards.json``: per key its dtype, full shape and chunks (file, offsets, sizes), and
+  state key (``model/<parameter name>`` for weights; the driver names the rest), or
+  ``<key>#<i>`` when the rank gave several boxes for one key;
+- ``shards.json``: per key its dtype, full shape and chunks (file, offsets, sizes, and the
+  name in the file when it is not the key), and
   the driver's plain-data ``meta`` (e.g. optimizer hyper-parameters) in the JSON codec.
 
 Loading plans, per key and per reading rank, which stored chunks overlap the piece the
@@ -60,13 +62,59 @@ class StateShards:
     """What one rank contributes to a sharded checkpoint (see :meth:`Driver.state_shards`).
 
     ``pieces``: this rank's pieces by state key; a key held whole by every rank (a replicated
-    tensor) is given by one rank only (rank 0 by convention). Model weights use the keys
-    ``model/<name>`` (``export_weights`` reads them). ``meta``: plain data the driver needs
-    back at load (nested dicts/lists/numbers/strings); rank 0's is kept.
+    tensor) is given by one rank only (rank 0 by convention). A rank may give a list of pieces
+    for one key: boxes that together make its part, e.g. a flat range of a matrix, which is a
+    partial row, whole rows and a partial row. Model weights use the keys ``model/<name>``
+    (``export_weights`` reads them). ``meta``: plain data the driver needs back at load (nested
+    dicts/lists/numbers/strings); rank 0's is kept.
     """
 
-    pieces: dict[str, ShardPiece]
+    pieces: dict[str, ShardPiece | list[ShardPiece]]
     meta: Any = None
+
+    def stored(self) -> dict[str, tuple[str, ShardPiece]]:
+        """Every piece under the name it has in the rank's file: ``{file name: (state key, piece)}``; the
+        pieces of a key given as a list are named ``<key>#<index>``."""
+        named: dict[str, tuple[str, ShardPiece]] = {}
+        for key, given in self.pieces.items():
+            if isinstance(given, ShardPiece):
+                named[key] = (key, given)
+            else:
+                named.update({f"{key}#{i}": (key, piece) for i, piece in enumerate(given)})
+        return named
+
+
+def flat_range_boxes(start: int, count: int, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The boxes ``(offsets, sizes)`` that make up elements ``start .. start+count-1`` of a row-major tensor of
+    ``shape``, in order: a partial first row, whole rows, a partial last row (recursively in more dimensions).
+
+    For drivers whose shards are flat ranges of the flattened tensor (DeepSpeed ZeRO-3 partitions), so each
+    box can be a :class:`ShardPiece` (``flat[i:j].reshape(sizes)``) and a reading rank can ask
+    :meth:`ShardSource.reads` for each box of its own range.
+    """
+    total = math.prod(shape)
+    if count < 0 or start < 0 or start + count > total:
+        raise ValueError(f"flat_range_boxes: elements {start}..{start + count} do not fit a tensor of shape {shape}.")
+    if count == 0:
+        return []
+    if len(shape) <= 1:
+        return [((start,) * len(shape), (count,) * len(shape))]
+    row = math.prod(shape[1:])
+    boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    end = start + count
+    first, col = divmod(start, row)
+    if col:  # a partial first row
+        take = min(row - col, count)
+        boxes += [((first, *o), (1, *s)) for o, s in flat_range_boxes(col, take, shape[1:])]
+        start += take
+    if start < end:
+        whole = (end - start) // row
+        if whole:
+            boxes.append(((start // row,) + (0,) * (len(shape) - 1), (whole, *shape[1:])))
+            start += whole * row
+        if start < end:  # a partial last row
+            boxes += [((start // row, *o), (1, *s)) for o, s in flat_range_boxes(0, end - start, shape[1:])]
+    return boxes
 
 
 @dataclass(frozen=True)
@@ -187,7 +235,7 @@ def write_sharded_checkpoint(driver: Driver, folder: str,
     rank, world = driver.rank, driver.world_size
     tmp = driver.broadcast_object(temp_name(folder) if rank == 0 else None)
     mine: dict[str, Any] = {}
-    layout: dict[str, Any] = {}
+    layout: list[dict[str, Any]] = []
     records: dict[str, Any] = {}
     error: str | None = None
     manifest: dict[str, Any] = {}
@@ -196,8 +244,9 @@ def write_sharded_checkpoint(driver: Driver, folder: str,
         os.makedirs(tmp, exist_ok=True)
         shards = driver.state_shards()
         name = shard_file(rank, world)
-        content = driver.tensor_file({key: piece.tensor for key, piece in shards.pieces.items()})
-        layout = _piece_layout(name, shards.pieces, _dtypes_and_shapes(content))
+        stored = shards.stored()
+        content = driver.tensor_file({file_key: piece.tensor for file_key, (_, piece) in stored.items()})
+        layout = _piece_layout(name, stored, _dtypes_and_shapes(content))
         mine = {name: content}
         if rank == 0:
             files, manifest = rank0_files()
@@ -229,7 +278,7 @@ def _first_failure(failed: list[tuple[int, str]], folder: str) -> str | None:
             "checkpoint under this name, if any, is unchanged.")
 
 
-def _finish(folder: str, tmp: str, gathered: list[tuple[dict, dict, str | None]], manifest: dict[str, Any],
+def _finish(folder: str, tmp: str, gathered: list[tuple[dict, list, str | None]], manifest: dict[str, Any],
             meta: Any, world: int) -> str | None:
     """Rank 0: merge the ranks' layouts and records, check every file arrived, write the manifest, rename."""
     try:
@@ -264,29 +313,36 @@ def _dtypes_and_shapes(content: FileContent) -> dict[str, tuple[str, tuple[int, 
     return {name: (dtype, tuple(shape)) for name, dtype, shape, _ in content}
 
 
-def _piece_layout(file: str, pieces: Mapping[str, ShardPiece],
-                  stored: Mapping[str, tuple[str, tuple[int, ...]]]) -> dict[str, Any]:
-    layout = {}
-    for key, piece in pieces.items():
-        dtype, sizes = stored[key]
+def _piece_layout(file: str, pieces: Mapping[str, tuple[str, ShardPiece]],
+                  stored: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[dict[str, Any]]:
+    """One record per stored piece: its state key, where it sits in the full tensor, and its name in ``file``."""
+    layout = []
+    for file_key, (key, piece) in pieces.items():
+        dtype, sizes = stored[file_key]
         offsets, shape = tuple(int(o) for o in piece.offsets), tuple(int(n) for n in piece.shape)
         if len(offsets) != len(shape) or len(sizes) != len(shape) or any(
                 o < 0 or o + s > n for o, s, n in zip(offsets, sizes, shape, strict=True)):
-            raise DriverError(f"state_shards(): the piece {key!r} (offsets {list(offsets)}, sizes {list(sizes)}) "
-                              f"does not fit its full shape {list(shape)}.")
-        layout[key] = {"file": file, "dtype": dtype, "shape": list(shape), "offsets": list(offsets),
-                       "sizes": list(sizes)}
+            raise DriverError(f"state_shards(): the piece {file_key!r} (offsets {list(offsets)}, sizes "
+                              f"{list(sizes)}) does not fit its full shape {list(shape)}.")
+        record = {"state_key": key, "file": file, "dtype": dtype, "shape": list(shape), "offsets": list(offsets),
+                  "sizes": list(sizes)}
+        if file_key != key:
+            record["key"] = file_key
+        layout.append(record)
     return layout
 
 
-def _merge_layout(tensors: dict[str, Any], rank_layout: Mapping[str, Any]) -> None:
-    for key, piece in rank_layout.items():
+def _merge_layout(tensors: dict[str, Any], rank_layout: list[dict[str, Any]]) -> None:
+    for piece in rank_layout:
+        key = piece["state_key"]
         entry = tensors.setdefault(key, {"dtype": piece["dtype"], "shape": piece["shape"], "chunks": []})
         if entry["dtype"] != piece["dtype"] or entry["shape"] != piece["shape"]:
             raise DriverError(f"state_shards(): the ranks disagree on {key!r}: {entry['dtype']} {entry['shape']} "
                               f"vs {piece['dtype']} {piece['shape']}.")
-        entry["chunks"].append({"file": piece["file"], "offsets": piece["offsets"],
-                                "sizes": piece["sizes"]})
+        chunk = {"file": piece["file"], "offsets": piece["offsets"], "sizes": piece["sizes"]}
+        if "key" in piece:
+            chunk["key"] = piece["key"]
+        entry["chunks"].append(chunk)
 
 
 def _encode_meta(meta: Any) -> Any:
