@@ -1,4 +1,5 @@
-"""Save and load times of FSDP2 checkpoints: sharded (every rank writes its pieces) against gathered to rank 0.
+"""Save and load times (and memory) of FSDP2 / ZeRO-3 checkpoints: sharded (every rank writes its pieces) against
+gathered to rank 0.
 
 A ~50M-parameter residual MLP (the model of ``bench/memory.py``: 6 blocks of Linear(1024,
 4096) - GELU - Linear(4096, 1024) with LayerNorm), ``driver="torch_fsdp"``, Adam after one
@@ -11,11 +12,17 @@ step (weights + two moments: ~600 MB of state), CPU and gloo, started by
 - ``load sharded at 1``: one process (``driver="torch"``) loading the sharded checkpoint (rank 0's
   process after the run, timed separately).
 
-Times are wall seconds on rank 0 between barriers (every rank has finished), medians over the
-rounds; file sizes from the manifests. A measurement, not a test; on a shared 2-core machine
-the two ranks also share the disk and the CPU that hashes.
+``--driver deepspeed`` runs the same with ``driver="deepspeed"`` at ZeRO-3 (no parameter kept whole:
+``stage3_param_persistence_threshold`` 0), ``deepspeed_kwargs["state_dict"]`` sharded or full.
 
-    python bench/sharded_checkpoint.py [--rounds 3] [--ranks 2] [--dir FOLDER] [--json PATH]
+Times are wall seconds on rank 0 between barriers (every rank has finished), medians over the
+rounds; ``peak MiB`` is the most any rank's resident memory rose above its level before the
+operation (its high-water mark reset through ``/proc/self/clear_refs``), the largest over the rounds;
+file sizes from the manifests. A measurement, not a test; on a shared 2-core machine the two
+ranks also share the disk and the CPU that hashes.
+
+    python bench/sharded_checkpoint.py [--driver torch_fsdp|deepspeed] [--rounds 3] [--ranks 2] [--dir FOLDER]
+                                       [--json PATH]
 """
 
 from __future__ import annotations
@@ -71,40 +78,65 @@ def trainer_for(model, driver: str, **options):
     return Trainer(model, data, optimizer, driver=driver, n_batches=1, progress_bar=None, **options)
 
 
-def timed(driver, fn, *args, **kwargs) -> float:
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def timed(driver, fn, *args, **kwargs) -> tuple[float, float]:
+    """(wall seconds, MiB the resident memory of the most-grown rank rose during ``fn``)."""
     driver.barrier()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident size
+    before = _status_kib("VmRSS")
     start = time.perf_counter()
     fn(*args, **kwargs)
     driver.barrier()
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    grown = (_status_kib("VmHWM") - before) / 1024
+    return seconds, max(driver.all_gather_object(grown))
 
 
-def rank_main(folder: str, rounds: int, out: str) -> None:
+LEAN_ZERO3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+
+
+def options_for(driver: str, mode: str) -> dict:
+    if driver == "deepspeed":
+        return {"deepspeed_kwargs": {"state_dict": mode, "config": LEAN_ZERO3}}
+    return {"torch_fsdp_kwargs": {"state_dict": mode}}
+
+
+def rank_main(folder: str, rounds: int, out: str, driver_name: str) -> None:
     import torch
 
     torch.manual_seed(0)
-    trainers = {mode: trainer_for(build_model(), "torch_fsdp", torch_fsdp_kwargs={"state_dict": mode})
+    trainers = {mode: trainer_for(build_model(), driver_name, **options_for(driver_name, mode))
                 for mode in ("sharded", "full")}
     for trainer in trainers.values():
         trainer.run()  # one step: Adam's moments exist
     driver = trainers["sharded"].driver
     times: dict[str, list[float]] = {}
+    peaks: dict[str, float] = {}
+
+    def record(name: str, measured: tuple[float, float]) -> None:
+        times.setdefault(name, []).append(measured[0])
+        peaks[name] = max(peaks.get(name, 0.0), measured[1])
+
     for r in range(rounds):
         order = ("sharded", "full") if r % 2 == 0 else ("full", "sharded")
         for mode in order:
-            save = trainers[mode].save_checkpoint
-            times.setdefault(f"save {mode}", []).append(timed(driver, save, os.path.join(folder, mode)))
+            record(f"save {mode}", timed(driver, trainers[mode].save_checkpoint, os.path.join(folder, mode)))
         for mode in order:
-            load = trainers[mode].load_checkpoint
-            times.setdefault(f"load {mode}", []).append(
-                timed(driver, load, os.path.join(folder, mode), resume_training=False))
+            record(f"load {mode}", timed(driver, trainers[mode].load_checkpoint, os.path.join(folder, mode),
+                                         resume_training=False))
     if driver.rank == 0:
         sizes = {}
         for mode in ("sharded", "full"):
             manifest = json.load(open(os.path.join(folder, mode, "manifest.json")))
             sizes[mode] = {name: record["size"] for name, record in manifest["files"].items()}
         with open(out, "w") as f:
-            json.dump({"times": times, "sizes": sizes, "world_size": driver.world_size}, f)
+            json.dump({"times": times, "peaks": peaks, "sizes": sizes, "world_size": driver.world_size,
+                       "driver": driver_name}, f)
 
 
 def one_process_load(folder: str, rounds: int) -> list[float]:
@@ -124,30 +156,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--driver", choices=("torch_fsdp", "deepspeed"), default="torch_fsdp")
     parser.add_argument("--dir", help="where to write the checkpoints (default: a temporary folder)")
     parser.add_argument("--json")
     parser.add_argument("--rank-main", nargs=2, metavar=("FOLDER", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_main:
-        rank_main(args.rank_main[0], args.rounds, args.rank_main[1])
+        rank_main(args.rank_main[0], args.rounds, args.rank_main[1], args.driver)
         return
     folder = tempfile.mkdtemp(prefix="sharded-bench-", dir=args.dir)
     out = os.path.join(folder, "result.json")
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks),
-               "--master_port", "29731", os.path.abspath(__file__), "--rounds", str(args.rounds),
+               "--master_port", "29731", os.path.abspath(__file__), "--rounds", str(args.rounds), "--driver", args.driver,
                "--rank-main", folder, out]
         subprocess.run(cmd, check=True, timeout=1800)
         result = json.load(open(out))
         result["times"]["load sharded at 1 process"] = one_process_load(folder, args.rounds)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"{args.ranks} ranks, ~{BLOCKS * 2 * WIDTH * HIDDEN / 1e6:.0f}M parameters, Adam after one step; "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{args.driver}, {args.ranks} ranks, ~{BLOCKS * 2 * WIDTH * HIDDEN / 1e6:.0f}M parameters, Adam after one "
+          f"step; load average {os.getloadavg()[0]:.1f}")
     for mode, files in result["sizes"].items():
         print(f"  {mode:8s} {len(files)} files, {sum(files.values()) / 2**20:,.0f} MiB")
     for name, values in result["times"].items():
-        print(f"  {name:28s} median {statistics.median(values):6.2f} s   ({', '.join(f'{v:.2f}' for v in values)})")
+        peak = result["peaks"].get(name)
+        peak_text = f"   peak +{peak:,.0f} MiB/rank" if peak is not None else ""
+        print(f"  {name:28s} median {statistics.median(values):6.2f} s   ({', '.join(f'{v:.2f}' for v in values)})"
+              f"{peak_text}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

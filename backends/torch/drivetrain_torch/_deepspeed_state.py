@@ -134,7 +134,7 @@ def full_optimizer_state(engine: Any, order: list[list[str]]) -> dict[str, Any]:
 
     base = base_optimizer(engine)
     groups = [{key: value for key, value in group.items() if key != "params"} for group in base.param_groups]
-    flat_states = [base.state[p] for p in _flats(engine) if p in base.state]
+    flat_states = [base.state[p] for p in flat_partitions(engine) if p in base.state]
     indices = [list(range(sum(map(len, order[:i])), sum(map(len, order[:i + 1])))) for i in range(len(order))]
     param_groups = [{**hyper, "params": ids} for hyper, ids in zip(groups, indices, strict=True)]
     if not flat_states:
@@ -174,7 +174,7 @@ def load_full_optimizer_state(engine: Any, order: list[list[str]], state: Mappin
     entries = state.get("state", {})
     if not entries:
         return
-    _materialise(engine)
+    materialise(engine)
     names = [name for group in order for name in group]
     params = dict(engine.module.named_parameters())
     scalars: dict[str, Any] = {}
@@ -185,7 +185,13 @@ def load_full_optimizer_state(engine: Any, order: list[list[str]], state: Mappin
                 _set_optimizer_piece(param, value, key)
             else:
                 scalars.setdefault(key, value)
-    for flat in _flats(engine):
+    set_scalars(engine, scalars)
+
+
+def set_scalars(engine: Any, scalars: Mapping[str, Any]) -> None:
+    """The optimizer's per-group scalars (Adam's step) on every flat partition, in the type each had."""
+    base = base_optimizer(engine)
+    for flat in flat_partitions(engine):
         for key, value in scalars.items():
             current = base.state[flat].get(key)
             base.state[flat][key] = (torch.as_tensor(value, dtype=current.dtype, device=current.device).clone()
@@ -203,7 +209,7 @@ def _set_optimizer_piece(param: torch.nn.Parameter, value: torch.Tensor, key: st
         safe_set_full_optimizer_state(param, value.to(param.device, torch.float32), key)
 
 
-def _flats(engine: Any) -> list[torch.Tensor]:
+def flat_partitions(engine: Any) -> list[torch.Tensor]:
     """The flat fp32 pieces the base optimizer steps (its state is keyed by them)."""
     zero = engine.optimizer
     if hasattr(zero, "fp32_partitioned_groups_flat"):
@@ -211,14 +217,14 @@ def _flats(engine: Any) -> list[torch.Tensor]:
     return [p for group in base_optimizer(engine).param_groups for p in group["params"]]
 
 
-def _materialise(engine: Any) -> None:
+def materialise(engine: Any) -> None:
     """Give a fresh optimizer its state (it has none before its first step) without moving a weight.
 
     One step at learning rate 0 with zero gradients creates every entry (Adam's moments, the step count); the
     loaded values then overwrite them. ZeRO-1/2 link their fragments to that state afterwards.
     """
     base, zero = base_optimizer(engine), engine.optimizer
-    flats = _flats(engine)
+    flats = flat_partitions(engine)
     if all(p in base.state for p in flats):
         return
     rates = [group["lr"] for group in base.param_groups]

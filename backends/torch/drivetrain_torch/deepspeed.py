@@ -17,11 +17,12 @@ the user initialised; one process is a world of one); what differs:
 - evaluation and prediction under ZeRO-3 gather the full parameters once (``eval``) and
   release them when training resumes: ranks may evaluate different numbers of batches, and
   a forward that gathers would then wait forever;
-- checkpoints are the torch drivers' (safetensors + JSON, nothing unpickled): every rank
-  joins :meth:`gathering_state`, which assembles the full fp32 weights and optimizer state
-  (:mod:`._deepspeed_state`), and rank 0 writes them; so a DeepSpeed checkpoint resumes at
-  any world size and in ``driver="torch"``, and one-file torch checkpoints load here
-  (sharded ones, ``torch_fsdp``'s default, are not read yet: ``reads_state_shards`` is False).
+- checkpoints are the torch drivers' (safetensors + JSON, nothing unpickled). ZeRO-3 writes
+  them sharded by default: each rank its own partitions (:mod:`._deepspeed_shards`), nothing
+  gathered; ZeRO-1/2 (and ``state_dict="full"``) join :meth:`gathering_state`, which assembles
+  the full fp32 weights and optimizer state (:mod:`._deepspeed_state`), and rank 0 writes them.
+  Every stage reads both kinds, so a DeepSpeed checkpoint resumes at any world size, in
+  ``driver="torch"`` and ``"torch_fsdp"``, and theirs resume here.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from drivetrain.backend import DriverError, loadable_model_state
+from drivetrain.backend import DriverError, ShardSource, StateShards, loadable_model_state
 
+from . import _deepspeed_shards as _dss
 from . import _deepspeed_state as _ds
 from ._deepspeed_plan import (
     CONFIG,
@@ -73,7 +75,7 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
     name = "deepspeed"
     capabilities = DEEPSPEED_CAPABILITIES
     checkpoint_format = "torch"  # the torch drivers' checkpoints: loads into driver="torch" and back
-    reads_state_shards = False  # ZeRO's flat partitions are not DTensors: torch_fsdp's sharded checkpoints are refused
+    reads_state_shards = True  # any stage: ZeRO-3 reads its own range of each tensor, ZeRO-1/2 whole tensors
     accepted_kwargs: Mapping[str, str] = DEEPSPEED_KWARGS
     not_here_kwargs: Mapping[str, str] = {
         "ddp_kwargs": "configures DistributedDataParallel, which driver='deepspeed' does not use; remove it and put "
@@ -97,6 +99,7 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         self._checked_cycle = False
         self._cast = _DTYPES.get(self.precision)
         self._check_precision()
+        self.shards_state = plan.zero_stage == 3 and plan.state_dict == "sharded"
 
     def configure(self, options: dict[str, Any]) -> None:
         """No autocast and no GradScaler: DeepSpeed runs the model in its precision and scales fp16 losses."""
@@ -268,10 +271,21 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         return moved if self._cast is None else _cast_floats(moved, self._cast)
 
     # ---------------------------------------------------------------------- state
+    def state_shards(self) -> StateShards:
+        """Every rank (ZeRO-3): its own partitions of the weights and optimizer state, nothing gathered."""
+        with self._released(), self._collective("writing the ZeRO-3 partitions"):
+            return _dss.state_shards(self.engine, self._dtypes, self._order if self._has_optimizer() else [],
+                                     self.rank)
+
+    def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
+        """Every rank: its partitions (ZeRO-3) or the whole tensors (ZeRO-1/2) from any sharded layout."""
+        with self._released(), self._collective("loading a sharded checkpoint"):
+            _dss.load_state_shards(self.engine, source, optimizers, self._order if self._has_optimizer() else [])
+
     @contextlib.contextmanager
     def gathering_state(self) -> Iterator[None]:
         """Every rank: assemble the full model and optimizer state; rank 0 keeps it for the save."""
-        if self.engine is None:
+        if self.engine is None or self.shards_state:
             yield
             return
         with self._released(), self._collective("gathering the ZeRO model and optimizer state"):

@@ -66,18 +66,18 @@ def _optimizer_pieces(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
     for param, entries in state.items():
         for entry, value in entries.items():
             if isinstance(value, torch.Tensor):
-                _add_piece(pieces, _optimizer_key(index, param, entry), value, rank)
+                _add_piece(pieces, optimizer_key(index, param, entry), value, rank)
                 tensors.setdefault(param, []).append(entry)
             else:
                 values.setdefault(param, {})[entry] = value
-    return {"param_groups": [_plain_group(g) for g in groups], "tensors": tensors, "values": values}
+    return {"param_groups": [plain_group(g) for g in groups], "tensors": tensors, "values": values}
 
 
-def _optimizer_key(index: int, param: str, entry: str) -> str:
+def optimizer_key(index: int, param: str, entry: str) -> str:
     return f"optimizers/{index}/{param}/{entry}"
 
 
-def _plain_group(group: Mapping[str, Any]) -> dict[str, Any]:
+def plain_group(group: Mapping[str, Any]) -> dict[str, Any]:
     """A param group as plain data (a tensor learning rate, as capturable optimizers keep it, as its value)."""
     return {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in group.items()}
 
@@ -97,17 +97,17 @@ def load_state_shards(module: torch.nn.Module, optimizers: list[torch.optim.Opti
     Names, shapes and parameter groups are checked first: a mismatch raises and loads nothing.
     """
     model = get_model_state_dict(module)
-    _check_model(model, source)
+    check_model(model, source)
     metas = _check_optimizers(module, optimizers, source) if with_optimizers else []
     with contextlib.ExitStack() as files, torch.no_grad():
-        reader = _Reader(files)
+        reader = Reader(files)
         for name, tensor in model.items():
             reader.fill(source, MODEL_PREFIX + name, tensor)
         for index, (optimizer, meta) in enumerate(zip(optimizers if with_optimizers else [], metas, strict=True)):
             _load_optimizer(module, optimizer, index, meta, source, reader)
 
 
-class _Reader:
+class Reader:
     """Open safetensors files once per load and copy stored slices into the tensors being loaded."""
 
     def __init__(self, files: contextlib.ExitStack) -> None:
@@ -118,9 +118,12 @@ class _Reader:
         if isinstance(target, DTensor):
             local = target.to_local()
             (chunk,) = target.__create_chunk_list__()
-            offsets = tuple(chunk.offsets)
+            self.fill_box(source, key, local, tuple(chunk.offsets))
         else:
-            local, offsets = target, (0,) * target.dim()
+            self.fill_box(source, key, target, (0,) * target.dim())
+
+    def fill_box(self, source: ShardSource, key: str, local: torch.Tensor, offsets: tuple[int, ...]) -> None:
+        """Fill ``local``, the box of ``key`` that starts at ``offsets`` of the full tensor."""
         for read in source.reads(key, offsets, tuple(local.shape)):
             handle = self._file(read.path)
             stored = handle.get_tensor(read.key) if read.whole else handle.get_slice(read.key)[read.source]
@@ -132,7 +135,7 @@ class _Reader:
         return self._open[path]
 
 
-def _check_model(model: Mapping[str, torch.Tensor], source: ShardSource) -> None:
+def check_model(model: Mapping[str, torch.Tensor], source: ShardSource) -> None:
     saved = source.model_keys()
     missing, unexpected = sorted(set(model) - set(saved)), sorted(set(saved) - set(model))
     if missing or unexpected:
@@ -166,7 +169,7 @@ def _check_optimizers(module: torch.nn.Module, optimizers: list[torch.optim.Opti
 
 
 def _load_optimizer(module: torch.nn.Module, optimizer: torch.optim.Optimizer, index: int, meta: Mapping[str, Any],
-                    source: ShardSource, reader: _Reader) -> None:
+                    source: ShardSource, reader: Reader) -> None:
     saved: Mapping[str, list[str]] = meta["tensors"]
     if not saved and not meta["values"]:  # saved before its first step
         optimizer.state.clear()
@@ -181,7 +184,7 @@ def _load_optimizer(module: torch.nn.Module, optimizer: torch.optim.Optimizer, i
                 raise CheckpointError(f"{source.folder}: optimizers[{index}] holds {entry!r} for {param!r}, which "
                                       f"this {type(optimizer).__name__} does not keep; use the optimizer class "
                                       "of the run that saved it.")
-            reader.fill(source, _optimizer_key(index, param, entry), state[param][entry])
+            reader.fill(source, optimizer_key(index, param, entry), state[param][entry])
     for param, values in meta["values"].items():
         state[param].update(values)
     set_optimizer_state_dict(module, optimizer, {"state": state, "param_groups": meta["param_groups"]})

@@ -16,6 +16,11 @@ clipping by norm, AdamW) from the same seed.
 - ``resume-same``: ZeRO-3 resumed from ``OUT/interrupted``; ``zero2-resume``: ZeRO-2 resumed from it;
 - ``resume-other`` / ``ddp-resume-other``: ZeRO-3 / ``driver="torch"`` resumed from ``--other``
   (a checkpoint another world size wrote);
+- ``lean``, ``lean-interrupt``, ``lean-resume``: ZeRO-3 with no parameter kept whole on every rank
+  (``stage3_param_persistence_threshold: 0``), whole, stopped into ``OUT/lean-interrupted``, resumed;
+  ``lean-resume-other``: resumed from ``--other``; ``fsdp-resume-lean`` / ``ddp-resume-lean``:
+  ``driver="torch_fsdp"`` / ``"torch"`` resuming ``OUT/lean-interrupted``; ``fsdp-interrupt``:
+  torch_fsdp stopped into ``OUT/fsdp-interrupted``, which ``lean-resume-fsdp`` and ``ddp-resume-fsdp`` resume;
 - ``bf16``: ZeRO-3 with bf16 weights (DeepSpeed's bf16 optimizer, fp32 master weights);
 - ``config-optimizer``: ZeRO-2 with the optimizer, clipping and batch size given in a JSON config;
 - ``bad-batch`` / ``bad-accumulation``: a config contradicting the dataloader's batch size / the
@@ -109,13 +114,18 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
     run_options: dict = {}
     stage = 2 if phase.startswith("zero2") or phase in ("config-optimizer", "bad-batch", "bad-accumulation") else 3
     options: dict = {"deepspeed_kwargs": {"zero_stage": stage}}
-    driver = "torch" if phase.startswith("ddp") else "deepspeed"
-    if driver == "torch":
+    if "lean" in phase:  # no parameter kept whole on every rank: each lives only in its partitions
+        options["deepspeed_kwargs"]["config"] = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
+    driver = "torch" if phase.startswith("ddp") else "torch_fsdp" if phase.startswith("fsdp") else "deepspeed"
+    if driver != "deepspeed":
         options = {}
-    if phase in ("interrupt", "ddp-interrupt"):
+    if phase in ("interrupt", "ddp-interrupt", "lean-interrupt", "fsdp-interrupt"):
         callbacks.append(StopAt(INTERRUPT_AT, os.path.join(args.out, phase.replace("interrupt", "interrupted"))))
-    resume = {"resume-same": os.path.join(args.out, "interrupted"), "zero2-resume": os.path.join(args.out, "interrupted"),
-              "resume-other": args.other, "ddp-resume-other": args.other}
+    out = args.out
+    resume = {"resume-same": f"{out}/interrupted", "zero2-resume": f"{out}/interrupted", "resume-other": args.other,
+              "ddp-resume-other": args.other, "lean-resume-other": args.other, "lean-resume": f"{out}/lean-interrupted",
+              "fsdp-resume-lean": f"{out}/lean-interrupted", "ddp-resume-lean": f"{out}/lean-interrupted",
+              "lean-resume-fsdp": f"{out}/fsdp-interrupted", "ddp-resume-fsdp": f"{out}/fsdp-interrupted"}
     if phase in resume:
         run_options["resume_from"] = resume[phase]
     optimizer = True

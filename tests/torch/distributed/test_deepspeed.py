@@ -23,7 +23,7 @@ import torch
 
 pytest.importorskip("deepspeed", reason="driver='deepspeed' needs pip install 'drivetrain-torch[deepspeed]'")
 
-from drivetrain import DriverError, Trainer  # noqa: E402
+from drivetrain import DriverError, Trainer, export_weights  # noqa: E402
 
 from ..._dist_helpers import free_port  # noqa: E402
 from . import _deepspeed_script as script  # noqa: E402
@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.torch, pytest.mark.timeout(20
 TIMEOUT = 150  # one launch; the phases themselves take seconds
 SCRIPT = str(Path(__file__).with_name("_deepspeed_script.py"))
 TWO_RANK_PHASES = ("ddp,zero2,zero3,interrupt,resume-same,zero2-resume,ddp-interrupt,resume-other,ddp-resume-other,"
-                   "config-optimizer,bf16")
+                   "config-optimizer,bf16,lean,lean-interrupt,lean-resume,fsdp-resume-lean,ddp-resume-lean,"
+                   "fsdp-interrupt,lean-resume-fsdp,ddp-resume-fsdp")
 FP32 = 1e-6  # the same arithmetic, summed in another order
 
 
@@ -70,6 +71,16 @@ def run(one, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("two")
     _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
              str(free_port()), SCRIPT, str(out), TWO_RANK_PHASES, "--other", str(one / "interrupted")], out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def three(run, tmp_path_factory) -> Path:
+    """3 ranks resuming the 2-rank ZeRO-3 checkpoint without persistent parameters: ZeRO-3 and DDP."""
+    out = tmp_path_factory.mktemp("three")
+    _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port",
+             str(free_port()), SCRIPT, str(out), "lean-resume-other,ddp-resume-other", "--other",
+             str(run / "lean-interrupted")], out)
     return out
 
 
@@ -186,7 +197,45 @@ def test_export_and_save_model_write_the_full_weights(run, tmp_path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert script.state_lists(load_file(str(target))) == _read(run, "interrupt")[0]["params"]
-    assert script.state_lists(load_file(str(run / "model" / "model.safetensors"))) == _read(run, "zero3")[0]["params"]
+    model = export_weights(run / "model", tmp_path / "model.safetensors")  # save_model under ZeRO-3 writes shards
+    assert script.state_lists(load_file(model)) == _read(run, "zero3")[0]["params"]
+
+
+# ---------------------------------------------------------------- sharded (ZeRO-3)
+def test_zero3_checkpoints_are_written_by_every_rank(run) -> None:
+    """Each rank wrote its own partitions (no gather): two shard files, each holding part of every weight."""
+    from safetensors import safe_open
+
+    for name in ("interrupted", "lean-interrupted", "model"):
+        manifest = json.loads((run / name / "manifest.json").read_text())
+        assert manifest["sharded"]["world_size"] == 2 and manifest["driver"] == "torch"
+        assert "model.safetensors" not in manifest["files"]
+    for rank in (0, 1):
+        with safe_open(str(run / "lean-interrupted" / f"shards-0000{rank}-of-00002.safetensors"), "pt") as f:
+            stored = sum(f.get_slice(key).get_shape()[0] for key in f.keys() if key.startswith("model/head.weight"))
+            assert 0 < stored < 3  # head.weight is 3x16: 24 values a rank, so a row and a half, in boxes
+
+
+def test_zero3_resume_without_persistent_parameters_is_bit_exact(run) -> None:
+    full, resumed = _read(run, "lean"), _read(run, "lean-resume")
+    for rank in (0, 1):
+        assert _max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
+    assert _max_diff(full[0]["params"], _read(run, "zero3")[0]["params"]) < FP32
+
+
+def test_zero3_partitions_reshard_to_three_ranks(three) -> None:
+    """3 ranks cut every tensor at other places than 2 did (partial rows at both ends): equal to DDP resuming it."""
+    resumed, ddp = _read(three, "lean-resume-other", (0, 1, 2)), _read(three, "ddp-resume-other", (0, 1, 2))
+    assert resumed[0]["world_size"] == 3
+    assert resumed[0]["params"] == resumed[1]["params"] == resumed[2]["params"]
+    assert _max_diff(resumed[0]["params"], ddp[0]["params"]) < FP32
+
+
+def test_zero3_and_fsdp_resume_each_others_checkpoints(run) -> None:
+    assert _max_diff(_read(run, "fsdp-resume-lean")[0]["params"], _read(run, "ddp-resume-lean")[0]["params"]) < FP32
+    assert _read(run, "fsdp-resume-lean")[0]["driver"] == "TorchFSDPDriver"
+    assert _max_diff(_read(run, "lean-resume-fsdp")[0]["params"], _read(run, "ddp-resume-fsdp")[0]["params"]) < FP32
+    assert _max_diff(_read(run, "ddp-resume-lean")[0]["params"], _read(run, "lean")[0]["params"]) < FP32
 
 
 # ------------------------------------------------------------------------- failures
