@@ -13,7 +13,8 @@ step (weights + two moments: ~600 MB of state), CPU and gloo, started by
   process after the run, timed separately).
 
 ``--driver deepspeed`` runs the same with ``driver="deepspeed"`` at ZeRO-3 (no parameter kept whole:
-``stage3_param_persistence_threshold`` 0), ``deepspeed_kwargs["state_dict"]`` sharded or full.
+``stage3_param_persistence_threshold`` 0; ``--zero-stage 2`` for ZeRO-2), ``deepspeed_kwargs["state_dict"]``
+sharded or full.
 
 Times are wall seconds on rank 0 between barriers (every rank has finished), medians over the
 rounds; ``peak MiB`` is the most any rank's resident memory rose above its level before the
@@ -97,20 +98,18 @@ def timed(driver, fn, *args, **kwargs) -> tuple[float, float]:
     return seconds, max(driver.all_gather_object(grown))
 
 
-LEAN_ZERO3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
-
-
-def options_for(driver: str, mode: str) -> dict:
+def options_for(driver: str, mode: str, zero_stage: int) -> dict:
     if driver == "deepspeed":
-        return {"deepspeed_kwargs": {"state_dict": mode, "config": LEAN_ZERO3}}
+        zero = {"stage": zero_stage, **({"stage3_param_persistence_threshold": 0} if zero_stage == 3 else {})}
+        return {"deepspeed_kwargs": {"state_dict": mode, "config": {"zero_optimization": zero}}}
     return {"torch_fsdp_kwargs": {"state_dict": mode}}
 
 
-def rank_main(folder: str, rounds: int, out: str, driver_name: str) -> None:
+def rank_main(folder: str, rounds: int, out: str, driver_name: str, zero_stage: int) -> None:
     import torch
 
     torch.manual_seed(0)
-    trainers = {mode: trainer_for(build_model(), driver_name, **options_for(driver_name, mode))
+    trainers = {mode: trainer_for(build_model(), driver_name, **options_for(driver_name, mode, zero_stage))
                 for mode in ("sharded", "full")}
     for trainer in trainers.values():
         trainer.run()  # one step: Adam's moments exist
@@ -157,25 +156,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--driver", choices=("torch_fsdp", "deepspeed"), default="torch_fsdp")
+    parser.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=3, help="with --driver deepspeed")
     parser.add_argument("--dir", help="where to write the checkpoints (default: a temporary folder)")
     parser.add_argument("--json")
     parser.add_argument("--rank-main", nargs=2, metavar=("FOLDER", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_main:
-        rank_main(args.rank_main[0], args.rounds, args.rank_main[1], args.driver)
+        rank_main(args.rank_main[0], args.rounds, args.rank_main[1], args.driver, args.zero_stage)
         return
     folder = tempfile.mkdtemp(prefix="sharded-bench-", dir=args.dir)
     out = os.path.join(folder, "result.json")
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks),
                "--master_port", "29731", os.path.abspath(__file__), "--rounds", str(args.rounds), "--driver", args.driver,
+               "--zero-stage", str(args.zero_stage),
                "--rank-main", folder, out]
         subprocess.run(cmd, check=True, timeout=1800)
         result = json.load(open(out))
         result["times"]["load sharded at 1 process"] = one_process_load(folder, args.rounds)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"{args.driver}, {args.ranks} ranks, ~{BLOCKS * 2 * WIDTH * HIDDEN / 1e6:.0f}M parameters, Adam after one "
+    engine = f"{args.driver} (ZeRO-{args.zero_stage})" if args.driver == "deepspeed" else args.driver
+    print(f"{engine}, {args.ranks} ranks, ~{BLOCKS * 2 * WIDTH * HIDDEN / 1e6:.0f}M parameters, Adam after one "
           f"step; load average {os.getloadavg()[0]:.1f}")
     for mode, files in result["sizes"].items():
         print(f"  {mode:8s} {len(files)} files, {sum(files.values()) / 2**20:,.0f} MiB")

@@ -47,10 +47,10 @@ DEEPSPEED_KWARGS = {
     "accumulation_steps -> gradient_accumulation_steps; a value that contradicts the Trainer is refused",
     "zero_stage": f"1, 2 or 3 (default {DEFAULT_STAGE} unless the config says): ZeRO shards the optimizer state "
     "(1), also the gradients (2), also the parameters (3)",
-    "state_dict": "'sharded' (default; ZeRO-3 only): each rank writes its own partitions of the weights and optimizer "
-    "state, nothing gathered (loads at any world size, into driver='torch' or 'torch_fsdp' too; `drivetrain export` "
-    "merges the weights); 'full': the full state is gathered and rank 0 writes the torch drivers' one-file format "
-    "(what ZeRO-1/2 always write: their weights are whole on every rank anyway)",
+    "state_dict": "'sharded' (default): each rank writes the ranges of the fp32 weights and optimizer state ZeRO gave "
+    "it, nothing gathered (loads at any world size and stage, into driver='torch' or 'torch_fsdp' too; `drivetrain "
+    "export` merges the weights); 'full': the full state is gathered and rank 0 writes the torch drivers' one-file "
+    "format (a model whose state fits every rank's CPU memory)",
     **{name: DIST_KWARGS[name] for name in ("timeout", "backend")},
     **LAUNCH_OPTION_DOCS,
 }
@@ -97,11 +97,6 @@ def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: 
     _choose_accelerator(fields["device"])
     config = read_config(options.get("config"))
     stage = _stage(options, config)
-    if options.get("state_dict") == "sharded" and stage < 3:
-        raise DriverError(
-            f"{OPTIONS}['state_dict']='sharded' needs zero_stage=3: ZeRO-{stage} keeps the weights whole on every "
-            "rank and its checkpoints are written whole by rank 0; remove the option or set zero_stage=3."
-        )
     return DeepSpeedPlan(**fields, ddp_kwargs={}, config=config, zero_stage=stage,
                          state_dict=choice_option(options, "state_dict", ("sharded", "full"), "sharded",
                                                   argument=OPTIONS))

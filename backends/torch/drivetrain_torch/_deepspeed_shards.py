@@ -1,17 +1,17 @@
-"""Sharded checkpoints of DeepSpeed engines: ZeRO-3's partitions written in place, any layout read back.
+"""Sharded checkpoints of DeepSpeed engines: each rank writes the state it owns, any layout is read back.
 
-ZeRO-3 flattens every parameter and gives rank ``r`` the elements ``r*P .. (r+1)*P`` (``P`` the
-partition size, the last one padded). A flat range of a matrix is a partial row, whole rows and
-a partial row, so each rank gives its range of every parameter, and of every optimizer tensor
-(Adam's moments live in the same partitions), as those boxes
-(:func:`drivetrain.backend.flat_range_boxes`), under the keys the torch drivers use
-(``model/<name>``, ``optimizers/0/<name>/<entry>``, see :mod:`.shards`). Nothing is gathered:
-a rank writes and reads only its own range, which the stored chunks of any other layout
-(FSDP's rows, another world size, one process) fill slice by slice.
-
-ZeRO-1/2 keep the weights whole on every rank and write the gathered one-file format; they
-read a sharded checkpoint whole (every tensor assembled from its chunks) into the same setters
-as a one-file checkpoint.
+ZeRO splits the fp32 master weights and the optimizer state by flat ranges: ZeRO-3 flattens
+every parameter and gives rank ``r`` the elements ``r*P .. (r+1)*P`` (``P`` the partition
+size, the last one padded); ZeRO-1/2 flatten a whole parameter group and give each rank a
+contiguous slice of it, so a rank owns a flat range (a "fragment") of some parameters and
+nothing of others. Either way a rank's part of a parameter is one flat range, and a flat range
+of a matrix is a partial row, whole rows and a partial row: each rank gives its range of every
+parameter and of every optimizer tensor as those boxes (:func:`drivetrain.backend.flat_range_boxes`),
+under the keys the torch drivers use (``model/<name>``, ``optimizers/0/<name>/<entry>``, see
+:mod:`.shards`). Nothing is gathered: a rank writes and reads only its own ranges, which the
+stored chunks of any other layout (FSDP's rows, another stage or world size, one process)
+fill slice by slice. The weights are the fp32 master copy, saved in the dtype the user's model
+had; ZeRO-1/2 keep the model's own copy whole on every rank, and load it whole.
 """
 
 from __future__ import annotations
@@ -36,13 +36,37 @@ from . import _deepspeed_state as _ds
 from .shards import Reader, check_model, optimizer_key, plain_group
 
 
-def _flat_range(param: torch.nn.Parameter) -> tuple[int, int]:
-    """(first element, count) of this rank's partition of a ZeRO-3 parameter, padding left out."""
-    from deepspeed import comm
+class _Local:
+    """This rank's flat range of one parameter: where it starts, how long it is, and the fp32 tensors that hold
+    it (the master weights, and each optimizer entry's); ``count`` is 0 where the rank owns none of it."""
 
-    size = param.partition_numel()
-    start = size * comm.get_rank(group=param.ds_process_group)
-    return start, max(0, min(size, param.ds_numel - start))
+    def __init__(self, param: torch.nn.Parameter) -> None:
+        self.param = param
+        self.zero3 = hasattr(param, "ds_id")
+        self.shape = tuple(param.ds_shape) if self.zero3 else tuple(param.shape)
+        if self.zero3:
+            from deepspeed import comm
+
+            size = param.partition_numel()
+            self.start = size * comm.get_rank(group=param.ds_process_group)
+            self.count = max(0, min(size, param.ds_numel - self.start))
+        else:
+            mapping = getattr(param, "_hp_mapping", None)
+            self.start = mapping.lp_fragment_address.start if mapping is not None else 0
+            self.count = mapping.lp_fragment_address.numel if mapping is not None else 0
+
+    def master(self) -> torch.Tensor | None:
+        """The fp32 master weights of the range (None for a frozen parameter, which has none)."""
+        return self.entry(None) if self.param.requires_grad and self.count else None
+
+    def entry(self, key: str | None) -> torch.Tensor:
+        """The range of the optimizer's ``key`` tensor (``None``: the master weights), flat, in place."""
+        if self.zero3:
+            piece, _ = self.param._z3_optimizer._get_fp32_opt_state_partition(
+                self.param, release_swap_buffers=False, optim_state_key=key)
+        else:
+            piece = self.param._hp_mapping.get_hp_fragment(key)
+        return piece.reshape(-1)[:self.count]
 
 
 def _pieces(flat: torch.Tensor, start: int, shape: tuple[int, ...]) -> list[ShardPiece]:
@@ -74,17 +98,22 @@ def _model_names(module: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Para
 
 # ----------------------------------------------------------------------------------------- saving
 def state_shards(engine: Any, dtypes: Mapping[str, torch.dtype], order: list[list[str]], rank: int) -> StateShards:
-    """This rank's partitions of the weights (in the dtypes the user's model had) and of the optimizer state."""
-    from deepspeed.utils import safe_get_local_fp32_param
-
+    """This rank's ranges of the weights (in the dtypes the user's model had) and of the optimizer state."""
     module = engine.module
     params, buffers = _model_names(module)
     pieces: dict[str, Any] = {}
     for name, param in params:
-        start, count = _flat_range(param)
-        local = safe_get_local_fp32_param(param) if param.requires_grad else param.ds_tensor
-        flat = local.detach().reshape(-1)[:count].to("cpu", dtype=dtypes.get(name, local.dtype))
-        pieces[MODEL_PREFIX + name] = _pieces(flat, start, tuple(param.ds_shape))
+        local = _Local(param)
+        if local.zero3 or hasattr(param, "_hp_mapping"):  # partitioned (ZeRO-1/2: the optimizer's parameters)
+            owned_range = local.master()
+            if owned_range is None and local.zero3:  # frozen: no master copy, the model's own partition
+                owned_range = param.ds_tensor.reshape(-1)[:local.count]
+            if owned_range is not None and local.count:
+                flat = owned_range.detach().to("cpu", dtype=dtypes.get(name, param.dtype))
+                pieces[MODEL_PREFIX + name] = _pieces(flat, local.start, local.shape)
+        elif rank == 0:  # ZeRO-1/2, a parameter no optimizer steps: whole on every rank
+            whole = param.detach().to("cpu", dtype=dtypes.get(name, param.dtype))
+            pieces[MODEL_PREFIX + name] = ShardPiece(whole, (0,) * whole.dim(), local.shape)
     owned = dict(module.state_dict(keep_vars=True))
     for name in buffers if rank == 0 else ():
         buffer = owned[name].detach().cpu()
@@ -95,7 +124,8 @@ def state_shards(engine: Any, dtypes: Mapping[str, torch.dtype], order: list[lis
 
 def _optimizer_pieces(engine: Any, params: Mapping[str, torch.nn.Parameter], order: list[list[str]], rank: int,
                       pieces: dict[str, Any]) -> dict[str, Any]:
-    """Add the optimizer's partitions to ``pieces``; return its plain data in the torch drivers' shape."""
+    """Add the optimizer's ranges to ``pieces``; return its plain data in the torch drivers' shape (rank 0's is
+    kept, so it lists every entry, also of parameters rank 0 owns nothing of)."""
     base = _ds.base_optimizer(engine)
     hyper = [{k: v for k, v in group.items() if k != "params"} for group in base.param_groups]
     groups = [plain_group({**h, "params": names}) for h, names in zip(hyper, order, strict=True)]
@@ -106,12 +136,12 @@ def _optimizer_pieces(engine: Any, params: Mapping[str, torch.nn.Parameter], ord
         param = params[name]
         if not flat_states or not param.requires_grad:
             continue
-        start, count = _flat_range(param)
+        local = _Local(param)
         for entry, value in flat_states[0].items():
             key = optimizer_key(0, name, entry)
             if torch.is_tensor(value) and value.dim() > 0:
-                local = param._z3_optimizer.get_local_fp32_param(param, entry)
-                pieces[key] = _pieces(local.detach().reshape(-1)[:count].cpu(), start, tuple(param.ds_shape))
+                if local.count:
+                    pieces[key] = _pieces(local.entry(entry).detach().cpu(), local.start, local.shape)
             elif torch.is_tensor(value):  # Adam's step: the same on every rank, written by rank 0
                 if rank == 0:
                     pieces[key] = ShardPiece(value.detach().cpu().clone(), (), ())
@@ -131,14 +161,10 @@ def load_state_shards(engine: Any, source: ShardSource, with_optimizers: bool, o
     owned = dict(module.state_dict(keep_vars=True))
     check_model({**shapes, **{name: owned[name] for name in buffers}}, source)
     meta = _check_optimizer(source, order) if with_optimizers and order else None
-    three = any(hasattr(p, "ds_id") for _, p in params)
     with contextlib.ExitStack() as files, torch.no_grad():
         reader = Reader(files)
-        if not three:
-            _load_whole(engine, source, reader, meta, order, params, buffers)
-            return
         for name, param in params:
-            _load_partition(reader, source, MODEL_PREFIX + name, param)
+            _load_parameter(reader, source, MODEL_PREFIX + name, param)
         for name in buffers:
             reader.fill(source, MODEL_PREFIX + name, owned[name])
         if meta is not None:
@@ -162,19 +188,23 @@ def _check_optimizer(source: ShardSource, order: list[list[str]]) -> Mapping[str
     return metas[0]
 
 
-def _load_partition(reader: Reader, source: ShardSource, key: str, param: torch.nn.Parameter) -> None:
-    """This rank's range into the fp32 master partition and the model's own partition; a parameter ZeRO-3 keeps
-    whole on every rank (below stage3_param_persistence_threshold) is also filled whole."""
-    start, count = _flat_range(param)
-    shape = tuple(param.ds_shape)
-    if param.requires_grad:
-        master, _ = param._z3_optimizer._get_fp32_opt_state_partition(param, release_swap_buffers=False)
-        _fill_range(reader, source, key, master.reshape(-1)[:count], start, shape)
-        param.ds_tensor.reshape(-1)[:count].copy_(master.reshape(-1)[:count])
-    else:
-        _fill_range(reader, source, key, param.ds_tensor.reshape(-1)[:count], start, shape)
-    if param.data.numel() == param.ds_numel:
-        reader.fill_box(source, key, param.data.view(shape), (0,) * len(shape))
+def _load_parameter(reader: Reader, source: ShardSource, key: str, param: torch.nn.Parameter) -> None:
+    """This rank's range into the fp32 master copy; the model's own copy too: ZeRO-3's partition (and the whole
+    tensor where ZeRO-3 keeps a parameter on every rank, below stage3_param_persistence_threshold), ZeRO-1/2's
+    whole tensor (it is on every rank)."""
+    local = _Local(param)
+    master = local.master()
+    if not local.zero3:
+        reader.fill(source, key, param.data)
+        if master is not None:
+            _fill_range(reader, source, key, master, local.start, local.shape)
+        return
+    partition = param.ds_tensor.reshape(-1)[:local.count]
+    _fill_range(reader, source, key, partition if master is None else master, local.start, local.shape)
+    if master is not None:
+        partition.copy_(master)
+    if param.ds_numel and param.data.numel() == param.ds_numel:
+        reader.fill_box(source, key, param.data.view(local.shape), (0,) * len(local.shape))
 
 
 def _load_optimizer(engine: Any, source: ShardSource, reader: Reader, meta: Mapping[str, Any],
@@ -187,43 +217,14 @@ def _load_optimizer(engine: Any, source: ShardSource, reader: Reader, meta: Mapp
     _ds.materialise(engine)
     scalars: dict[str, Any] = {}
     for name, entries in meta["tensors"].items():
-        param = params[name]
-        start, count = _flat_range(param)
+        local = _Local(params[name])
         for entry in entries:
             key = optimizer_key(0, name, entry)
             if source.shape(key) == ():
                 scalars[entry] = torch.empty(())
                 reader.fill_box(source, key, scalars[entry], ())
-                continue
-            piece, _ = param._z3_optimizer._get_fp32_opt_state_partition(param, release_swap_buffers=False,
-                                                                          optim_state_key=entry)
-            _fill_range(reader, source, key, piece.reshape(-1)[:count], start, tuple(param.ds_shape))
+            elif local.count:
+                _fill_range(reader, source, key, local.entry(entry), local.start, local.shape)
     for values in meta["values"].values():
         scalars.update({k: v for k, v in values.items() if k not in scalars})
     _ds.set_scalars(engine, scalars)
-
-
-def _load_whole(engine: Any, source: ShardSource, reader: Reader, meta: Mapping[str, Any] | None,
-                order: list[list[str]], params: list[tuple[str, torch.nn.Parameter]], buffers: list[str]) -> None:
-    """ZeRO-1/2: every tensor assembled whole from its chunks, then set as a one-file checkpoint is."""
-
-    def whole(key: str, like: torch.Tensor | None = None) -> torch.Tensor:
-        tensor = torch.empty(source.shape(key), dtype=torch.float32 if like is None else like.dtype)
-        reader.fill(source, key, tensor)
-        return tensor
-
-    tensors = {name: buffer for name, buffer in engine.module.named_buffers()}  # non-persistent ones stay
-    tensors.update({name: whole(MODEL_PREFIX + name, tensors[name]) for name in buffers})
-    tensors.update({name: whole(MODEL_PREFIX + name) for name, _ in params})
-    _ds.load_full_model_state(engine.module, tensors)
-    if meta is None:
-        return
-    names = [name for names in order for name in names]
-    state = {index: {entry: whole(optimizer_key(0, name, entry)) for entry in meta["tensors"].get(name, [])}
-             | meta["values"].get(name, {}) for index, name in enumerate(names)
-             if name in meta["tensors"] or name in meta["values"]}
-    groups, at = [], 0
-    for stored in meta["param_groups"]:
-        groups.append({**stored, "params": list(range(at, at + len(stored["params"])))})
-        at += len(stored["params"])
-    _ds.load_full_optimizer_state(engine, order, {"state": state, "param_groups": groups}, source.folder)

@@ -17,12 +17,12 @@ the user initialised; one process is a world of one); what differs:
 - evaluation and prediction under ZeRO-3 gather the full parameters once (``eval``) and
   release them when training resumes: ranks may evaluate different numbers of batches, and
   a forward that gathers would then wait forever;
-- checkpoints are the torch drivers' (safetensors + JSON, nothing unpickled). ZeRO-3 writes
-  them sharded by default: each rank its own partitions (:mod:`._deepspeed_shards`), nothing
-  gathered; ZeRO-1/2 (and ``state_dict="full"``) join :meth:`gathering_state`, which assembles
-  the full fp32 weights and optimizer state (:mod:`._deepspeed_state`), and rank 0 writes them.
-  Every stage reads both kinds, so a DeepSpeed checkpoint resumes at any world size, in
-  ``driver="torch"`` and ``"torch_fsdp"``, and theirs resume here.
+- checkpoints are the torch drivers' (safetensors + JSON, nothing unpickled), sharded by
+  default: each rank writes the ranges of the fp32 weights and optimizer state ZeRO gave it
+  (:mod:`._deepspeed_shards`), nothing gathered. With ``state_dict="full"`` every rank joins
+  :meth:`gathering_state`, which assembles the full state (:mod:`._deepspeed_state`), and
+  rank 0 writes it. Both kinds load at any stage and world size, in ``driver="torch"`` and
+  ``"torch_fsdp"``, and theirs load here.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
     name = "deepspeed"
     capabilities = DEEPSPEED_CAPABILITIES
     checkpoint_format = "torch"  # the torch drivers' checkpoints: loads into driver="torch" and back
-    reads_state_shards = True  # any stage: ZeRO-3 reads its own range of each tensor, ZeRO-1/2 whole tensors
+    reads_state_shards = True  # any stage reads only the ranges it owns
     accepted_kwargs: Mapping[str, str] = DEEPSPEED_KWARGS
     not_here_kwargs: Mapping[str, str] = {
         "ddp_kwargs": "configures DistributedDataParallel, which driver='deepspeed' does not use; remove it and put "
@@ -99,7 +99,7 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         self._checked_cycle = False
         self._cast = _DTYPES.get(self.precision)
         self._check_precision()
-        self.shards_state = plan.zero_stage == 3 and plan.state_dict == "sharded"
+        self.shards_state = plan.state_dict == "sharded"
 
     def configure(self, options: dict[str, Any]) -> None:
         """No autocast and no GradScaler: DeepSpeed runs the model in its precision and scales fp16 losses."""
@@ -272,13 +272,13 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
 
     # ---------------------------------------------------------------------- state
     def state_shards(self) -> StateShards:
-        """Every rank (ZeRO-3): its own partitions of the weights and optimizer state, nothing gathered."""
-        with self._released(), self._collective("writing the ZeRO-3 partitions"):
+        """Every rank: its own ranges of the weights and optimizer state, nothing gathered."""
+        with self._released(), self._collective("writing the ZeRO partitions"):
             return _dss.state_shards(self.engine, self._dtypes, self._order if self._has_optimizer() else [],
                                      self.rank)
 
     def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
-        """Every rank: its partitions (ZeRO-3) or the whole tensors (ZeRO-1/2) from any sharded layout."""
+        """Every rank: its own ranges (and ZeRO-1/2's whole model copy) from any sharded layout."""
         with self._released(), self._collective("loading a sharded checkpoint"):
             _dss.load_state_shards(self.engine, source, optimizers, self._order if self._has_optimizer() else [])
 

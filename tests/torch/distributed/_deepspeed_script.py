@@ -21,6 +21,9 @@ clipping by norm, AdamW) from the same seed.
   ``lean-resume-other``: resumed from ``--other``; ``fsdp-resume-lean`` / ``ddp-resume-lean``:
   ``driver="torch_fsdp"`` / ``"torch"`` resuming ``OUT/lean-interrupted``; ``fsdp-interrupt``:
   torch_fsdp stopped into ``OUT/fsdp-interrupted``, which ``lean-resume-fsdp`` and ``ddp-resume-fsdp`` resume;
+- ``zero2-interrupt``: ZeRO-2 stopped into ``OUT/zero2-interrupted``, which ``zero2-resume-own``,
+  ``lean-resume-zero2`` (ZeRO-3) and ``ddp-resume-zero2`` resume; ``zero2-resume-other``: ZeRO-2 resuming
+  ``--other``;
 - ``bf16``: ZeRO-3 with bf16 weights (DeepSpeed's bf16 optimizer, fp32 master weights);
 - ``config-optimizer``: ZeRO-2 with the optimizer, clipping and batch size given in a JSON config;
 - ``bad-batch`` / ``bad-accumulation``: a config contradicting the dataloader's batch size / the
@@ -119,13 +122,15 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
     driver = "torch" if phase.startswith("ddp") else "torch_fsdp" if phase.startswith("fsdp") else "deepspeed"
     if driver != "deepspeed":
         options = {}
-    if phase in ("interrupt", "ddp-interrupt", "lean-interrupt", "fsdp-interrupt"):
+    if phase in ("interrupt", "ddp-interrupt", "lean-interrupt", "fsdp-interrupt", "zero2-interrupt"):
         callbacks.append(StopAt(INTERRUPT_AT, os.path.join(args.out, phase.replace("interrupt", "interrupted"))))
     out = args.out
     resume = {"resume-same": f"{out}/interrupted", "zero2-resume": f"{out}/interrupted", "resume-other": args.other,
               "ddp-resume-other": args.other, "lean-resume-other": args.other, "lean-resume": f"{out}/lean-interrupted",
               "fsdp-resume-lean": f"{out}/lean-interrupted", "ddp-resume-lean": f"{out}/lean-interrupted",
-              "lean-resume-fsdp": f"{out}/fsdp-interrupted", "ddp-resume-fsdp": f"{out}/fsdp-interrupted"}
+              "lean-resume-fsdp": f"{out}/fsdp-interrupted", "ddp-resume-fsdp": f"{out}/fsdp-interrupted",
+              "zero2-resume-own": f"{out}/zero2-interrupted", "lean-resume-zero2": f"{out}/zero2-interrupted",
+              "ddp-resume-zero2": f"{out}/zero2-interrupted", "zero2-resume-other": args.other}
     if phase in resume:
         run_options["resume_from"] = resume[phase]
     optimizer = True

@@ -35,7 +35,8 @@ TIMEOUT = 150  # one launch; the phases themselves take seconds
 SCRIPT = str(Path(__file__).with_name("_deepspeed_script.py"))
 TWO_RANK_PHASES = ("ddp,zero2,zero3,interrupt,resume-same,zero2-resume,ddp-interrupt,resume-other,ddp-resume-other,"
                    "config-optimizer,bf16,lean,lean-interrupt,lean-resume,fsdp-resume-lean,ddp-resume-lean,"
-                   "fsdp-interrupt,lean-resume-fsdp,ddp-resume-fsdp")
+                   "fsdp-interrupt,lean-resume-fsdp,ddp-resume-fsdp,zero2-interrupt,zero2-resume-own,lean-resume-zero2,"
+                   "ddp-resume-zero2")
 FP32 = 1e-6  # the same arithmetic, summed in another order
 
 
@@ -76,10 +77,10 @@ def run(one, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def three(run, tmp_path_factory) -> Path:
-    """3 ranks resuming the 2-rank ZeRO-3 checkpoint without persistent parameters: ZeRO-3 and DDP."""
+    """3 ranks resuming the 2-rank ZeRO-3 checkpoint without persistent parameters: ZeRO-3, ZeRO-2 and DDP."""
     out = tmp_path_factory.mktemp("three")
     _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port",
-             str(free_port()), SCRIPT, str(out), "lean-resume-other,ddp-resume-other", "--other",
+             str(free_port()), SCRIPT, str(out), "lean-resume-other,zero2-resume-other,ddp-resume-other", "--other",
              str(run / "lean-interrupted")], out)
     return out
 
@@ -223,12 +224,25 @@ def test_zero3_resume_without_persistent_parameters_is_bit_exact(run) -> None:
     assert _max_diff(full[0]["params"], _read(run, "zero3")[0]["params"]) < FP32
 
 
-def test_zero3_partitions_reshard_to_three_ranks(three) -> None:
-    """3 ranks cut every tensor at other places than 2 did (partial rows at both ends): equal to DDP resuming it."""
-    resumed, ddp = _read(three, "lean-resume-other", (0, 1, 2)), _read(three, "ddp-resume-other", (0, 1, 2))
+@pytest.mark.parametrize("phase", ["lean-resume-other", "zero2-resume-other"])
+def test_zero_partitions_reshard_to_three_ranks(three, phase) -> None:
+    """3 ranks cut every tensor at other places than 2 did (ZeRO-3: each parameter in three; ZeRO-2: each parameter
+    group's flat buffer in three, across parameter boundaries): equal to DDP resuming it."""
+    resumed, ddp = _read(three, phase, (0, 1, 2)), _read(three, "ddp-resume-other", (0, 1, 2))
     assert resumed[0]["world_size"] == 3
     assert resumed[0]["params"] == resumed[1]["params"] == resumed[2]["params"]
     assert _max_diff(resumed[0]["params"], ddp[0]["params"]) < FP32
+
+
+def test_zero2_writes_sharded_checkpoints_and_resumes_them(run) -> None:
+    """ZeRO-2 owns a range of each parameter group's flat fp32 buffer: each rank writes those, nothing gathered."""
+    manifest = json.loads((run / "zero2-interrupted" / "manifest.json").read_text())
+    assert manifest["sharded"]["world_size"] == 2
+    full, resumed = _read(run, "zero2"), _read(run, "zero2-resume-own")
+    for rank in (0, 1):
+        assert _max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
+    ddp = _read(run, "ddp-resume-zero2")[0]["params"]
+    assert _max_diff(_read(run, "lean-resume-zero2")[0]["params"], ddp) < FP32
 
 
 def test_zero3_and_fsdp_resume_each_others_checkpoints(run) -> None:
