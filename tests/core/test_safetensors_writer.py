@@ -236,3 +236,39 @@ def test_a_backend_with_only_tensors_to_bytes_still_checkpoints(tmp_path):
     assert (tmp_path / "m.safetensors").read_bytes() == content
     with pytest.raises(NotImplementedError, match="implements neither tensor_buffer"):
         Neither(LinearModel(3, 2, seed=0)).tensor_file({"a": np.zeros(1)})
+
+
+def test_lazy_tensors_are_made_one_at_a_time_in_file_order(tmp_path):
+    """``LazyBytes``: the same file as eager buffers; each tensor is made when the writer reaches it, and of those
+    made before it at most the last is still held (``drivetrain export`` merges shards this way, so it holds one
+    or two tensors, not the model)."""
+    import gc
+    import weakref
+
+    tensors = {f"t{i}": random_array(np.float32, (64, 33), seed=i) for i in range(5)} | {
+        "small": random_array(np.int8, (7,), seed=9)}
+    made: list[str] = []
+    alive: list[weakref.ref] = []
+
+    def make(name: str):
+        gc.collect()
+        assert sum(ref() is not None for ref in alive) <= 1, f"{made} still held when {name} is made"
+        array = tensors[name].copy()
+        alive.append(weakref.ref(array))
+        made.append(name)
+        return writer.array_buffer(array)[2]
+
+    lazy = [(name, *writer.array_buffer(array)[:2], writer.LazyBytes(array.nbytes, lambda name=name: make(name)))
+            for name, array in tensors.items()]
+    digest, size = writer.write_file(str(tmp_path / "lazy.safetensors"), lazy)
+    eager = writer.encode(entries_of(tensors))
+    assert (tmp_path / "lazy.safetensors").read_bytes() == eager
+    assert (digest, size) == (hashlib.sha256(eager).hexdigest(), len(eager))
+    assert made == ["t0", "t1", "t2", "t3", "t4", "small"]  # file order: larger dtypes first, then names
+    assert writer.encode(lazy) == eager
+
+    wrong = [("t", "F32", (2,), writer.LazyBytes(8, lambda: memoryview(b"\0" * 4)))]
+    with pytest.raises(DriverError, match="4 bytes, 8 were announced"):
+        writer.write_file(str(tmp_path / "wrong.safetensors"), wrong)
+    with pytest.raises(DriverError, match=r"tensor 't': 12 bytes for dtype F32 and shape \[2\]"):
+        writer.write_file(str(tmp_path / "wrong.safetensors"), [("t", "F32", (2,), writer.LazyBytes(12, bytes))])

@@ -11,6 +11,7 @@ memory map), so it works for every backend's checkpoints; nothing is ever unpick
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -84,7 +85,8 @@ def _target(out: str | os.PathLike) -> str:
 
 
 def _merged_shards(folder: str) -> list[safetensors_writer.TensorEntry]:
-    """The model tensors of a sharded checkpoint, each assembled in memory from its ranks' chunks.
+    """The model tensors of a sharded checkpoint, each assembled from its ranks' chunks when the writer reaches
+    it and dropped once written (:class:`~.safetensors_writer.LazyBytes`): one tensor in memory at a time.
 
     Every file's checksum is verified first. Chunks are copied as raw elements (an unsigned integer
     of the dtype's width), so every dtype, bf16 and float8 included, comes out bit-exact.
@@ -92,12 +94,10 @@ def _merged_shards(folder: str) -> list[safetensors_writer.TensorEntry]:
     loaded = read_checkpoint(folder)  # verifies every shard file (streamed) and reads the small ones
     source = parse_layout(folder, loaded.manifest, loaded.files.get(loaded.manifest["sharded"].get("layout", "")))
     maps: dict[str, dict[str, safetensors_writer.TensorEntry]] = {}
-    entries = []
-    for name in sorted(source.model_keys()):
-        key = MODEL_PREFIX + name
-        dtype, shape = source.dtype(key), source.shape(key)
+
+    def merged(key: str, dtype: str, shape: tuple[int, ...]) -> memoryview:
         width = np.dtype(f"u{safetensors_writer.ITEM_SIZES[dtype]}")
-        merged = np.zeros(shape, dtype=width)
+        tensor = np.zeros(shape, dtype=width)
         for read in source.reads(key, (0,) * len(shape), shape):
             if read.path not in maps:
                 with open(read.path, "rb") as f:
@@ -106,8 +106,17 @@ def _merged_shards(folder: str) -> list[safetensors_writer.TensorEntry]:
             _, stored_dtype, stored_shape, view = maps[read.path][read.key]
             if stored_dtype != dtype:
                 raise CheckpointError(f"{read.path}: {read.key!r} is stored as {stored_dtype}, the layout says {dtype}.")
-            merged[read.target] = np.frombuffer(view, dtype=width).reshape(stored_shape)[read.source]
-        entries.append((name, dtype, shape, merged.reshape(-1).view(np.uint8).data))
+            tensor[read.target] = np.frombuffer(view, dtype=width).reshape(stored_shape)[read.source]
+        return tensor.reshape(-1).view(np.uint8).data
+
+    entries = []
+    for name in sorted(source.model_keys()):
+        key = MODEL_PREFIX + name
+        dtype, shape = source.dtype(key), source.shape(key)
+        source.reads(key, (0,) * len(shape), shape)  # a layout that does not cover the tensor fails before writing
+        nbytes = int(np.prod(shape, dtype=np.int64)) * safetensors_writer.ITEM_SIZES[dtype]
+        produce = functools.partial(merged, key, dtype, shape)
+        entries.append((name, dtype, shape, safetensors_writer.LazyBytes(nbytes, produce)))
     return entries
 
 

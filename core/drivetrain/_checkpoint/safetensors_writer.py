@@ -22,7 +22,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -31,8 +31,19 @@ import numpy as np
 from .._errors import DriverError
 from .._io import start_writeback
 
-TensorEntry = tuple[str, str, tuple[int, ...], memoryview]
-"""One tensor of a tensor file: (name, safetensors dtype tag, shape, its C-contiguous bytes on CPU)."""
+
+class LazyBytes:
+    """A tensor's bytes made only when the writer reaches it (``produce()``), and dropped once written: a file
+    assembled tensor by tensor (``drivetrain export`` merging shards) holds one tensor in memory, not all."""
+
+    def __init__(self, nbytes: int, produce: Callable[[], Any]) -> None:
+        self.nbytes = int(nbytes)
+        self.produce = produce
+
+
+TensorEntry = tuple[str, str, tuple[int, ...], Any]
+"""One tensor of a tensor file: (name, safetensors dtype tag, shape, its C-contiguous bytes on CPU: a buffer,
+or :class:`LazyBytes`)."""
 
 # safetensors' dtype order (smallest first); a file lists larger dtypes first, then names.
 _DTYPE_ORDER = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
@@ -75,9 +86,9 @@ def array_buffer(array: np.ndarray, dtype: str | None = None) -> tuple[str, tupl
     return dtype, shape, array.reshape(-1).view(np.uint8).data  # .data: the memoryview of the buffer
 
 
-def _checked(entries: Iterable[TensorEntry]) -> list[tuple[str, str, tuple[int, ...], memoryview]]:
-    """The entries with 1-D byte views, each checked against its dtype and shape."""
-    out = []
+def _checked(entries: Iterable[TensorEntry]) -> list[tuple[str, str, tuple[int, ...], Any]]:
+    """The entries with 1-D byte views (lazy ones kept lazy), each checked against its dtype and shape."""
+    out: list[tuple[str, str, tuple[int, ...], Any]] = []
     seen: set[str] = set()
     for name, dtype, shape, buffer in entries:
         if not isinstance(name, str) or name == "__metadata__":
@@ -88,14 +99,20 @@ def _checked(entries: Iterable[TensorEntry]) -> list[tuple[str, str, tuple[int, 
         if dtype not in ITEM_SIZES:
             raise DriverError(f"tensor {name!r}: dtype {dtype!r} is not a safetensors dtype this writer knows "
                               f"({', '.join(_DTYPE_ORDER)}).")
+        shape = tuple(int(n) for n in shape)
+        expected = math.prod(shape) * ITEM_SIZES[dtype]
+        if isinstance(buffer, LazyBytes):
+            if buffer.nbytes != expected:
+                raise DriverError(f"tensor {name!r}: {buffer.nbytes} bytes for dtype {dtype} and shape "
+                                  f"{list(shape)}, which need {expected}.")
+            out.append((name, dtype, shape, buffer))
+            continue
         view = memoryview(buffer)
         if not view.c_contiguous:
             raise DriverError(f"tensor {name!r}: its buffer is not C-contiguous; tensor_buffer must return "
                               "contiguous bytes.")
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
-        shape = tuple(int(n) for n in shape)
-        expected = math.prod(shape) * ITEM_SIZES[dtype]
         if view.nbytes != expected:
             raise DriverError(f"tensor {name!r}: {view.nbytes} bytes for dtype {dtype} and shape {list(shape)}, "
                               f"which need {expected}.")
@@ -103,7 +120,7 @@ def _checked(entries: Iterable[TensorEntry]) -> list[tuple[str, str, tuple[int, 
     return out
 
 
-def layout(entries: Iterable[TensorEntry], metadata: Mapping[str, str] | None = None) -> tuple[bytes, list[memoryview]]:
+def layout(entries: Iterable[TensorEntry], metadata: Mapping[str, str] | None = None) -> tuple[bytes, list[Any]]:
     """The file's first bytes (size + padded JSON header) and the tensor buffers in file order."""
     checked = sorted(_checked(entries), key=lambda e: (-_RANK[e[1]], e[0]))
     header: dict[str, Any] = {}
@@ -125,17 +142,24 @@ def encode(entries: Iterable[TensorEntry], metadata: Mapping[str, str] | None = 
     """The whole file in memory (one copy of the data): for callers that need ``bytes``."""
     head, views = layout(entries, metadata)
     out = io.BytesIO()
-    out.write(head)
-    for view in views:
-        out.write(view)
+    for chunk in _chunks([head, *views]):
+        out.write(chunk)
     return out.getvalue()
 
 
-def _chunks(parts: Sequence[bytes | memoryview]) -> Iterable[memoryview]:
+def _nbytes(part: Any) -> int:
+    return part.nbytes if isinstance(part, LazyBytes) else memoryview(part).nbytes
+
+
+def _chunks(parts: Sequence[Any]) -> Iterable[memoryview]:
+    """Every part's bytes in ``CHUNK``-sized views; a lazy part is made when reached and released after."""
     for part in parts:
-        view = memoryview(part).cast("B")
+        view = memoryview(part.produce() if isinstance(part, LazyBytes) else part).cast("B")
+        if isinstance(part, LazyBytes) and view.nbytes != part.nbytes:
+            raise DriverError(f"a lazily made tensor has {view.nbytes} bytes, {part.nbytes} were announced.")
         for start in range(0, view.nbytes, CHUNK):
             yield view[start:start + CHUNK]
+        del view  # before the next part is made
 
 
 def _write_all(fd: int, chunk: memoryview) -> None:
@@ -144,7 +168,7 @@ def _write_all(fd: int, chunk: memoryview) -> None:
         chunk = chunk[written:]
 
 
-def write_parts(path: str, parts: Sequence[bytes | memoryview], *, durable: bool = True) -> tuple[str, int]:
+def write_parts(path: str, parts: Sequence[Any], *, durable: bool = True) -> tuple[str, int]:
     """Write ``parts`` one after another as the file ``path``; return (sha256 hex, size in bytes).
 
     Each chunk is hashed on a worker thread while the main thread writes it (one
@@ -152,7 +176,7 @@ def write_parts(path: str, parts: Sequence[bytes | memoryview], *, durable: bool
     chunk as soon as it is written, and the file is fsynced before returning (while
     the hash may still be finishing).
     """
-    size = sum(memoryview(part).nbytes for part in parts)
+    size = sum(_nbytes(part) for part in parts)
     digest = hashlib.sha256()
     pool = ThreadPoolExecutor(1, thread_name_prefix="drivetrain-sha256") if size >= _THREAD_MIN else None
     pending: list[Future] = []
@@ -194,4 +218,4 @@ def save(path: str, entries: Iterable[TensorEntry], metadata: Mapping[str, str] 
     with open(path, "wb", buffering=0) as f:
         for chunk in _chunks([head, *views]):
             _write_all(f.fileno(), chunk)
-    return len(head) + sum(view.nbytes for view in views)
+    return len(head) + sum(_nbytes(view) for view in views)
