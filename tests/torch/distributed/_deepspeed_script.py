@@ -24,7 +24,8 @@ clipping by norm, AdamW) from the same seed.
 - ``zero2-interrupt``: ZeRO-2 stopped into ``OUT/zero2-interrupted``, which ``zero2-resume-own``,
   ``lean-resume-zero2`` (ZeRO-3) and ``ddp-resume-zero2`` resume; ``zero2-resume-other``: ZeRO-2 resuming
   ``--other``;
-- ``bf16``: ZeRO-3 with bf16 weights (DeepSpeed's bf16 optimizer, fp32 master weights);
+- ``bf16``, ``bf16-interrupt``, ``bf16-resume``: ZeRO-3 with bf16 weights (DeepSpeed's bf16 optimizer,
+  fp32 master weights): whole, stopped into ``OUT/bf16-interrupted``, resumed;
 - ``config-optimizer``: ZeRO-2 with the optimizer, clipping and batch size given in a JSON config;
 - ``bad-batch`` / ``bad-accumulation``: a config contradicting the dataloader's batch size / the
   Trainer's accumulation (the refusal is recorded);
@@ -122,7 +123,7 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
     driver = "torch" if phase.startswith("ddp") else "torch_fsdp" if phase.startswith("fsdp") else "deepspeed"
     if driver != "deepspeed":
         options = {}
-    if phase in ("interrupt", "ddp-interrupt", "lean-interrupt", "fsdp-interrupt", "zero2-interrupt"):
+    if phase in ("interrupt", "ddp-interrupt", "lean-interrupt", "fsdp-interrupt", "zero2-interrupt", "bf16-interrupt"):
         callbacks.append(StopAt(INTERRUPT_AT, os.path.join(args.out, phase.replace("interrupt", "interrupted"))))
     out = args.out
     resume = {"resume-same": f"{out}/interrupted", "zero2-resume": f"{out}/interrupted", "resume-other": args.other,
@@ -130,7 +131,8 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
               "fsdp-resume-lean": f"{out}/lean-interrupted", "ddp-resume-lean": f"{out}/lean-interrupted",
               "lean-resume-fsdp": f"{out}/fsdp-interrupted", "ddp-resume-fsdp": f"{out}/fsdp-interrupted",
               "zero2-resume-own": f"{out}/zero2-interrupted", "lean-resume-zero2": f"{out}/zero2-interrupted",
-              "ddp-resume-zero2": f"{out}/zero2-interrupted", "zero2-resume-other": args.other}
+              "ddp-resume-zero2": f"{out}/zero2-interrupted", "zero2-resume-other": args.other,
+              "bf16-resume": f"{out}/bf16-interrupted"}
     if phase in resume:
         run_options["resume_from"] = resume[phase]
     optimizer = True
@@ -142,7 +144,7 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
                        "gradient_accumulation_steps": ACCUMULATION, "zero_optimization": {"stage": 2}}, f)
         options = {"deepspeed_kwargs": {"config": path}, "grad_clip": None}
         optimizer = False
-    if phase == "bf16":
+    if phase.startswith("bf16"):
         options["precision"] = "bf16"
     if phase == "bad-batch":
         options["deepspeed_kwargs"]["config"] = {"train_micro_batch_size_per_gpu": 16}

@@ -36,7 +36,7 @@ SCRIPT = str(Path(__file__).with_name("_deepspeed_script.py"))
 TWO_RANK_PHASES = ("ddp,zero2,zero3,interrupt,resume-same,zero2-resume,ddp-interrupt,resume-other,ddp-resume-other,"
                    "config-optimizer,bf16,lean,lean-interrupt,lean-resume,fsdp-resume-lean,ddp-resume-lean,"
                    "fsdp-interrupt,lean-resume-fsdp,ddp-resume-fsdp,zero2-interrupt,zero2-resume-own,lean-resume-zero2,"
-                   "ddp-resume-zero2")
+                   "ddp-resume-zero2,bf16-interrupt,bf16-resume")
 FP32 = 1e-6  # the same arithmetic, summed in another order
 
 
@@ -130,6 +130,13 @@ def test_bf16_trains_with_fp32_master_weights(run) -> None:
     assert bf16[0]["params"] == bf16[1]["params"]
     assert 0 < _max_diff(bf16[0]["params"], fp32) < 0.1  # bf16 arithmetic: close, not equal
     assert "precision=bf16" in bf16[0]["describe"]
+
+
+def test_a_bf16_run_resumes_bit_exact(run) -> None:
+    """The checkpoint holds the fp32 master weights; the bf16 copy the forward uses is cut from them again."""
+    full, resumed = _read(run, "bf16"), _read(run, "bf16-resume")
+    for rank in (0, 1):
+        assert _max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
 
 
 def test_loaded_weights_are_the_ones_the_forward_uses(run) -> None:
