@@ -473,8 +473,9 @@ class Driver(abc.ABC):
     def load_rng_state(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`rng_state` returned."""
 
-    def state_shards(self) -> StateShards:
-        """Every rank, when :attr:`shards_state`: this rank's pieces of the model and optimizer states.
+    def state_shards(self, *, optimizers: bool) -> StateShards:
+        """Every rank, when :attr:`shards_state`: this rank's pieces of the model and (``optimizers=True``, a
+        training checkpoint; False for ``save_model``) optimizer states.
 
         A collective (every rank calls it at the same point). Model weights go under the keys
         ``model/<name>``, with ``<name>`` as in :meth:`model_state`; each piece says where it sits in

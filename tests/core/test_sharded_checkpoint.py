@@ -81,8 +81,10 @@ class ShardingNumpyDriver(NumpyDriver):
     shards_state = True
     reads_state_shards = True
 
-    def state_shards(self) -> StateShards:
+    def state_shards(self, *, optimizers: bool) -> StateShards:
         pieces = {MODEL_PREFIX + k: ShardPiece(v, (0,) * v.ndim, v.shape) for k, v in self.model.params.items()}
+        if optimizers:  # a stand-in for optimizer tensors: written with training checkpoints only
+            pieces["optimizers/0/lr"] = ShardPiece(np.array([self.optimizers[0].lr], np.float32), (0,), (1,))
         return StateShards(pieces, {"lrs": [opt.lr for opt in self.optimizers]})
 
     def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
@@ -127,12 +129,19 @@ def test_a_sharded_checkpoint_round_trips_and_exports(tmp_path) -> None:
     with safetensors.safe_open(exported, framework="np") as f:
         assert {k: f.get_tensor(k).tolist() for k in f.keys()} == {k: v.tolist() for k, v in expected.items()}
 
+    def stored_keys(path) -> set[str]:
+        return set(json.loads((path / "shards.json").read_text())["tensors"])
+
+    assert "optimizers/0/lr" in stored_keys(folder)
+    trainer.save_model(tmp_path / "model")  # the weights only: the driver is asked for no optimizer state
+    assert stored_keys(tmp_path / "model") == {MODEL_PREFIX + k for k in expected}
+
 
 class FlatRangeNumpyDriver(ShardingNumpyDriver):
     """Writes every weight as the boxes of two flat ranges (as ZeRO-3 partitions a flattened tensor): the first
     range ends inside a row, so a key has several pieces, some of them partial rows."""
 
-    def state_shards(self) -> StateShards:
+    def state_shards(self, *, optimizers: bool) -> StateShards:
         pieces: dict[str, Any] = {}
         for name, array in self.model.params.items():
             flat, cut = array.reshape(-1), array.size // 2 + 1
@@ -240,4 +249,4 @@ def test_the_default_driver_does_not_shard() -> None:
     driver = NumpyDriver(LinearModel(3, 1))
     assert driver.shards_state is False and driver.reads_state_shards is False
     with pytest.raises(DriverError, match="does not shard its state"):
-        driver.state_shards()
+        driver.state_shards(optimizers=True)

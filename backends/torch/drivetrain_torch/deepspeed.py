@@ -271,11 +271,11 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         return moved if self._cast is None else _cast_floats(moved, self._cast)
 
     # ---------------------------------------------------------------------- state
-    def state_shards(self) -> StateShards:
-        """Every rank: its own ranges of the weights and optimizer state, nothing gathered."""
+    def state_shards(self, *, optimizers: bool) -> StateShards:
+        """Every rank: its own ranges of the weights (and optimizer state), nothing gathered."""
         with self._released(), self._collective("writing the ZeRO partitions"):
-            return _dss.state_shards(self.engine, self._dtypes, self._order if self._has_optimizer() else [],
-                                     self.rank)
+            order = self._order if optimizers and self._has_optimizer() else []
+            return _dss.state_shards(self.engine, self._dtypes, order, self.rank)
 
     def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
         """Every rank: its own ranges (and ZeRO-1/2's whole model copy) from any sharded layout."""

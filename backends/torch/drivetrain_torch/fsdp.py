@@ -242,10 +242,10 @@ class TorchFSDPDriver(TorchDDPDriver):
             raise
 
     # ---------------------------------------------------------------------- state
-    def state_shards(self) -> StateShards:
-        """Every rank: its local pieces of the parameters and optimizer state (no communication)."""
+    def state_shards(self, *, optimizers: bool) -> StateShards:
+        """Every rank: its local pieces of the parameters (and optimizer state) (no communication)."""
         with self._kept_summon():
-            return _shards.state_shards(self.unwrap_model(), self.optimizers, self.rank)
+            return _shards.state_shards(self.unwrap_model(), self.optimizers if optimizers else [], self.rank)
 
     def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
         """Every rank fills its own shards from the stored chunks that overlap them (any saved world size)."""

@@ -225,9 +225,11 @@ def shard_file(rank: int, world_size: int) -> str:
 
 # ----------------------------------------------------------------------------------------- writing
 def write_sharded_checkpoint(driver: Driver, folder: str,
-                             rank0_files: Callable[[], tuple[dict[str, FileContent], dict[str, Any]]]) -> None:
-    """Every rank: write this rank's shards (``driver.state_shards()``) and, on rank 0, ``rank0_files()``
-    (the other files and the manifest's fields) into one temporary folder, then rename it to ``folder``.
+                             rank0_files: Callable[[], tuple[dict[str, FileContent], dict[str, Any]]], *,
+                             optimizers: bool) -> None:
+    """Every rank: write this rank's shards (``driver.state_shards(optimizers=...)``: without the optimizer
+    states for a model-only save) and, on rank 0, ``rank0_files()`` (the other files and the manifest's
+    fields) into one temporary folder, then rename it to ``folder``.
 
     The ranks agree on the outcome: when any rank fails, the temporary folder is removed, the
     previous checkpoint under ``folder`` stays as it was, and every rank raises naming the rank.
@@ -242,7 +244,7 @@ def write_sharded_checkpoint(driver: Driver, folder: str,
     meta: Any = None
     try:
         os.makedirs(tmp, exist_ok=True)
-        shards = driver.state_shards()
+        shards = driver.state_shards(optimizers=optimizers)
         name = shard_file(rank, world)
         stored = shards.stored()
         content = driver.tensor_file({file_key: piece.tensor for file_key, (_, piece) in stored.items()})

@@ -53,7 +53,7 @@ def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool
         )
 
     if driver.shards_state:  # every rank writes its own shards, nothing is gathered
-        write_sharded_checkpoint(driver, path, lambda: files(sharded=True))
+        write_sharded_checkpoint(driver, path, lambda: files(sharded=True), optimizers=True)
         return path
     with driver.gathering_state():  # every rank: a driver that gathers its sharded state for rank 0 does it here
         if driver.is_global_zero:
@@ -145,7 +145,8 @@ def save_model(trainer: Trainer, folder: str | os.PathLike) -> str:
     path = os.path.abspath(os.fspath(folder))
     driver = trainer.driver
     if driver.shards_state:
-        write_sharded_checkpoint(driver, path, lambda: build_model_checkpoint(driver, sharded=True))
+        write_sharded_checkpoint(driver, path, lambda: build_model_checkpoint(driver, sharded=True),
+                                 optimizers=False)
         trainer.fire("on_save_model")
         return path
     with driver.gathering_state():

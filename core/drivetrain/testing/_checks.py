@@ -377,7 +377,7 @@ def sharded_state_declared_and_read(kit: BackendKit) -> None:
     expect(all(isinstance(flag, bool) for flag in declared), f"(shards_state, reads_state_shards) = {declared!r}")
     if not driver.shards_state:
         with expect_raises(DriverError, "does not shard", "state_shards() of a driver with shards_state=False"):
-            driver.state_shards()
+            driver.state_shards(optimizers=True)
     if not driver.reads_state_shards:
         return
     saved = params(driver)

@@ -218,6 +218,9 @@ def test_zero3_checkpoints_are_written_by_every_rank(run) -> None:
         manifest = json.loads((run / name / "manifest.json").read_text())
         assert manifest["sharded"]["world_size"] == 2 and manifest["driver"] == "torch"
         assert "model.safetensors" not in manifest["files"]
+        keys = set(json.loads((run / name / "shards.json").read_text())["tensors"])
+        has_optimizer = any(key.startswith("optimizers/") for key in keys)
+        assert has_optimizer == (name != "model")  # save_model writes the weights only
     for rank in (0, 1):
         with safe_open(str(run / "lean-interrupted" / f"shards-0000{rank}-of-00002.safetensors"), "pt") as f:
             stored = sum(f.get_slice(key).get_shape()[0] for key in f.keys() if key.startswith("model/head.weight"))

@@ -198,6 +198,8 @@ def test_save_model_writes_shards_that_export_merges_into_the_full_weights(run, 
     assert sorted(p.name for p in folder.glob("shards-*")) == ["shards-00000-of-00002.safetensors",
                                                               "shards-00001-of-00002.safetensors"]
     assert not (folder / "model.safetensors").exists()  # nothing was gathered
+    stored = json.loads((folder / "shards.json").read_text())["tensors"]
+    assert stored and all(key.startswith("model/") for key in stored)  # the weights only, no optimizer state
     weights = load_file(export_weights(folder, tmp_path / "merged.safetensors"))
     assert script.state_lists(weights) == _read(run, "full")[0]["params"]
     model = script.Net()
