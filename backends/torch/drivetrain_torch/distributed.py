@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -66,6 +67,20 @@ class _Dispatch(torch.nn.Module):
         if method == "forward":
             return self.module(*args, **kwargs)  # through __call__: the model's hooks run
         return getattr(self.module, method)(*args, **kwargs)
+
+
+def _attempt_store(master: tuple[str, int], timeout: datetime.timedelta) -> Any:
+    """torchrun's store, with this restart's keys apart from the previous attempts'.
+
+    torchrun (c10d rendezvous) lends its workers the rendezvous store and keeps it across
+    ``--max-restarts``; env:// assumes a new store per attempt, so restarted gloo ranks read the
+    dead attempt's addresses and cannot connect (pytorch/pytorch#135712). A prefix per
+    ``TORCHELASTIC_RESTART_COUNT`` keeps attempts apart; users need not set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``.
+    """
+    store = dist.TCPStore(master[0], master[1], is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"drivetrain/attempt_{attempt}/default_pg", store)
 
 
 class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
@@ -132,7 +147,10 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
         what = "starting the process group"
         if plan.launch == "env":
             with self._collective(f"{what} (torchrun's MASTER_ADDR/MASTER_PORT)"):
-                dist.init_process_group(init_method="env://", **options)
+                if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and plan.master is not None:
+                    dist.init_process_group(store=_attempt_store(plan.master, timeout), **options)
+                else:
+                    dist.init_process_group(init_method="env://", **options)
             return
         if plan.launch == "spawned":
             addr, port = plan.master

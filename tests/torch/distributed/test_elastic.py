@@ -5,10 +5,10 @@ CheckpointCallback wrote, and the finished run equals an unbroken one (trained a
 processes, see ``_elastic_script.py``). The launcher runs in its own session, is killed whole at the
 end whatever happened, and is bounded by ``TIMEOUT``.
 
-``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with torch's default (the c10d rendezvous store shared with the
-workers) the restarted workers read the previous attempt's gloo addresses from that store and cannot
-connect (pytorch/pytorch#135712; still so with torch 2.13 and plain ``init_process_group``). The
-user guide gives the same setting.
+No ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with torch's default (the c10d rendezvous store shared with the
+workers) restarted workers that start their group with plain ``init_process_group`` read the previous
+attempt's gloo addresses from that store and cannot connect (pytorch/pytorch#135712, torch 2.13); the
+torch drivers give each attempt its own keys, so the default works.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_killed_rank_restarts_and_resumes_from_latest(tmp_path, driver) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
            "--monitor_interval", "0.2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
            "--rdzv_id", "elastic-test", SCRIPT, str(tmp_path), str(KILL_AT), driver]
-    env = dict(child_env(), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = dict(child_env())
     group = _dist_helpers.ProcessGroup(cmd, tmp_path, env)
     try:
         done = group.wait(TIMEOUT)
