@@ -26,6 +26,8 @@ clipping by norm, AdamW) from the same seed.
   ``--other``;
 - ``bf16``, ``bf16-interrupt``, ``bf16-resume``: ZeRO-3 with bf16 weights (DeepSpeed's bf16 optimizer,
   fp32 master weights): whole, stopped into ``OUT/bf16-interrupted``, resumed;
+- ``gpt2``: a tiny Hugging Face GPT-2 (tied input/output embeddings) trained under ZeRO-3 with no parameter kept
+  whole, then ``save_model`` into ``OUT/gpt2-model``;
 - ``config-optimizer``: ZeRO-2 with the optimizer, clipping and batch size given in a JSON config;
 - ``bad-batch`` / ``bad-accumulation``: a config contradicting the dataloader's batch size / the
   Trainer's accumulation (the refusal is recorded);
@@ -110,7 +112,32 @@ def loaded_forward_diff(driver) -> float:
     return float((got - reference(x)["pred"]).abs().max())
 
 
+GPT2_SETTINGS = {"vocab_size": 50, "n_positions": 16, "n_embd": 16, "n_layer": 2, "n_head": 2, "use_cache": False}
+
+
+def run_gpt2(args: argparse.Namespace) -> None:
+    """A model nobody here wrote, from its config: ZeRO-3 partitions the tied embedding like any other weight."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_SETTINGS))
+    ids = torch.randint(0, 50, (16, 16), generator=torch.Generator().manual_seed(3))
+    loader = DataLoader(ids, batch_size=2, collate_fn=lambda rows: {"input_ids": torch.stack(rows),
+                                                                    "labels": torch.stack(rows)})
+    lean = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    trainer = Trainer(model, loader, torch.optim.AdamW(model.parameters(), lr=0.01), driver="deepspeed",
+                      deepspeed_kwargs={"config": lean}, n_epochs=1, progress_bar=None)
+    trainer.run()
+    trainer.save_model(os.path.join(args.out, "gpt2-model"))
+    d = trainer.driver
+    with open(os.path.join(args.out, f"gpt2-rank{d.rank}.json"), "w") as f:
+        json.dump({"params": state_lists(d.model_state())}, f)
+
+
 def run_phase(phase: str, args: argparse.Namespace) -> None:
+    if phase == "gpt2":
+        run_gpt2(args)
+        return
     torch.manual_seed(0)
     model = Net()
     recorder = Recorder()

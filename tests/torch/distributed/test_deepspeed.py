@@ -255,6 +255,23 @@ def test_zero2_writes_sharded_checkpoints_and_resumes_them(run) -> None:
     assert _max_diff(_read(run, "lean-resume-zero2")[0]["params"], ddp) < FP32
 
 
+def test_a_hugging_face_gpt2_trained_under_zero3_exports_to_from_pretrained(tmp_path) -> None:
+    """Tied input/output embeddings partitioned by ZeRO-3 and written by both ranks under both names: the export
+    is what ``GPT2LMHeadModel.from_pretrained`` reads, equal to the trained weights."""
+    transformers = pytest.importorskip("transformers")
+    _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+             str(free_port()), SCRIPT, str(tmp_path), "gpt2"], tmp_path)
+    trained = _read(tmp_path, "gpt2")[0]["params"]
+    assert "lm_head.weight" in trained and "transformer.wte.weight" in trained
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    transformers.GPT2Config(**script.GPT2_SETTINGS).save_pretrained(folder)
+    export_weights(tmp_path / "gpt2-model", folder)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    loaded = script.state_lists(transformers.GPT2LMHeadModel.from_pretrained(folder).state_dict())
+    assert {name: loaded[name] for name in trained} == trained
+
+
 def test_zero3_and_fsdp_resume_each_others_checkpoints(run) -> None:
     assert _max_diff(_read(run, "fsdp-resume-lean")[0]["params"], _read(run, "ddp-resume-lean")[0]["params"]) < FP32
     assert _read(run, "fsdp-resume-lean")[0]["driver"] == "TorchFSDPDriver"
