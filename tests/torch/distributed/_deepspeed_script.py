@@ -26,6 +26,8 @@ clipping by norm, AdamW) from the same seed.
   ``--other``;
 - ``bf16``, ``bf16-interrupt``, ``bf16-resume``: ZeRO-3 with bf16 weights (DeepSpeed's bf16 optimizer,
   fp32 master weights): whole, stopped into ``OUT/bf16-interrupted``, resumed;
+- ``existing-group``: ZeRO-3 in a process group the script started itself (``init_process_group("gloo")``
+  before the Trainer), which the driver uses and leaves to it (launched on its own: the group stays);
 - ``gpt2``: a tiny Hugging Face GPT-2 (tied input/output embeddings) trained under ZeRO-3 with no parameter kept
   whole, then ``save_model`` into ``OUT/gpt2-model``;
 - ``config-optimizer``: ZeRO-2 with the optimizer, clipping and batch size given in a JSON config;
@@ -182,6 +184,10 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
         options["deepspeed_kwargs"]["timeout"] = 20
     if args.nproc:
         options["nproc"] = args.nproc
+    if phase == "existing-group":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
     result: dict = {}
     try:
         trainer = build_trainer(model, driver=driver, callbacks=callbacks, evaluate=phase in ("zero2", "zero3"),

@@ -125,6 +125,15 @@ def test_the_logged_gradient_norm_is_the_global_one(run, phase) -> None:
         assert [row["train/grad_norm"] for row in result["history"]["train"]] == pytest.approx(expected, rel=1e-5)
 
 
+def test_a_process_group_the_user_started_is_used_and_left_alone(run, tmp_path) -> None:
+    """``init_process_group`` before the Trainer: the same ZeRO-3 run as when the driver starts the group."""
+    _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+             str(free_port()), SCRIPT, str(tmp_path), "existing-group"], tmp_path)
+    for rank, result in _read(tmp_path, "existing-group").items():
+        assert result["rank"] == rank and result["world_size"] == 2
+        assert _max_diff(result["params"], _read(run, "zero3")[rank]["params"]) == 0.0
+
+
 def test_bf16_trains_with_fp32_master_weights(run) -> None:
     bf16, fp32 = _read(run, "bf16"), _read(run, "zero3")[0]["params"]
     assert bf16[0]["params"] == bf16[1]["params"]
