@@ -43,7 +43,7 @@ FSDP_CAPABILITIES = Capabilities(
         "bf16": "parameters gathered in bfloat16 for forward/backward (MixedPrecisionPolicy), gradients reduced "
         "in fp32, plus torch.autocast.",
         "serialization": "Sharded checkpoints: every rank writes its own pieces in parallel (safetensors + JSON, "
-        "no pickle, nothing gathered); they load at any world size and into driver='torch', and `drivetrain "
+        "no pickle, nothing gathered); they load at any world size and into driver='torch' and 'deepspeed', and `drivetrain "
         "export` merges them (torch_fsdp_kwargs['state_dict']='full': gathered to rank 0, one file).",
     },
 )
@@ -61,8 +61,10 @@ DEEPSPEED_CAPABILITIES = Capabilities(
         "bf16": "DeepSpeed's bf16 (weights in bfloat16, fp32 master weights in the optimizer); float batches are "
         "cast to bfloat16.",
         "fp16": "DeepSpeed's fp16 with its dynamic loss scaler (GPUs; DeepSpeed's CPU accelerator has no fp16).",
-        "serialization": "Checkpoints are the torch drivers' (safetensors + JSON, no pickle), gathered to rank 0: "
-        "they load at any world size and into driver='torch' (and torch_fsdp, which reads them).",
+        "serialization": "Checkpoints are the torch drivers' (safetensors + JSON, no pickle), sharded: each rank "
+        "writes the ranges of the fp32 weights and optimizer state ZeRO gave it, nothing gathered; they load at "
+        "any stage and world size, into driver='torch' and torch_fsdp, and theirs load here (state_dict='full' "
+        "gathers one file on rank 0).",
     },
 )
 
