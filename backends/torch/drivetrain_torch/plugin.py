@@ -43,8 +43,8 @@ FSDP_CAPABILITIES = Capabilities(
         "bf16": "parameters gathered in bfloat16 for forward/backward (MixedPrecisionPolicy), gradients reduced "
         "in fp32, plus torch.autocast.",
         "serialization": "Sharded checkpoints: every rank writes its own pieces in parallel (safetensors + JSON, "
-        "no pickle, nothing gathered); they load at any world size and into driver='torch' and 'deepspeed', and `drivetrain "
-        "export` merges them (torch_fsdp_kwargs['state_dict']='full': gathered to rank 0, one file).",
+        "no pickle, nothing gathered); they load at any world size and into driver='torch' and 'deepspeed', and "
+        "`drivetrain export` merges them (torch_fsdp_kwargs['state_dict']='full': gathered to rank 0, one file).",
     },
 )
 
