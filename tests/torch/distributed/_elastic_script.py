@@ -3,8 +3,8 @@
     _elastic_script.py OUT KILL_AT [DRIVER]
 
 Trains ``_fsdp_script``'s model and data with DRIVER (``torch``: DDP, the default; ``torch_fsdp``: FSDP2
-with sharded checkpoints), a CheckpointCallback every 2
-batches into ``OUT/ckpt`` and ``run(resume_from="latest")``. On the first attempt (no ``OUT/killed``
+and ``deepspeed``: ZeRO-2, both with sharded checkpoints), a CheckpointCallback every 2 batches into
+``OUT/ckpt`` and ``run(resume_from="latest")``. On the first attempt (no ``OUT/killed``
 marker yet) rank 1 writes the marker and kills itself with SIGKILL after batch KILL_AT; torchrun then
 restarts the whole group, which resumes from the newest checkpoint. Once that run ends, the same
 processes train an unbroken run (no checkpoints), and rank 0 writes both final parameter sets and the
