@@ -53,11 +53,10 @@ from ._deepspeed_plan import merged_config as _merged_config
 from ._device import move_to_device
 from .distributed import TorchDDPDriver, call_through_wrapper
 from .plugin import DEEPSPEED_CAPABILITIES
+from .precision import PRECISION_DTYPES
 from .state import as_tensor
 
 __all__ = ["TorchDeepSpeedDriver"]
-
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class _ConfigOptimizer:
@@ -97,7 +96,7 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         self._summoned: contextlib.ExitStack | None = None
         self._micro_batches = 0  # backward calls since the last step
         self._checked_cycle = False
-        self._cast = _DTYPES.get(self.precision)
+        self._cast = PRECISION_DTYPES.get(self.precision)
         self._check_precision()
         self.shards_state = plan.state_dict == "sharded"
 

@@ -48,11 +48,11 @@ from . import shards as _shards
 from ._fsdp_plan import FSDP_KWARGS, OPTIONS, FSDPPlan
 from .distributed import TorchDDPDriver
 from .driver import FRAMEWORK_KWARGS
+from .precision import PRECISION_DTYPES
 from .state import as_tensor
 
 __all__ = ["TorchFSDPDriver"]
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _BLOCK_SUFFIXES = ("Layer", "Block")
 _FULL = StateDictOptions(full_state_dict=True)
 _TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -397,5 +397,5 @@ def _mixed_precision(option: Any, precision: str) -> MixedPrecisionPolicy | None
     """The option's policy, else the Trainer's precision as parameter dtype; gradients always reduced in fp32."""
     if isinstance(option, MixedPrecisionPolicy):
         return option
-    dtype = _DTYPES.get(option if option is not None else precision)
+    dtype = PRECISION_DTYPES.get(option if option is not None else precision)
     return None if dtype is None else MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)

@@ -16,7 +16,8 @@ import torch
 
 from drivetrain.backend import AmpPrecision, DriverError, no_bf16_error, scaler_options
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+PRECISION_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+"""The torch dtype of each low precision the Trainer names (fp32 has none: nothing is cast)."""
 _ARGUMENT = "torch_kwargs['grad_scaler_kwargs']"
 SCALER_KWARGS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
 
@@ -29,7 +30,7 @@ class Precision(AmpPrecision):
     ) -> None:
         super().__init__(precision)
         self.device_type = device.type
-        self.dtype = _DTYPES.get(precision)
+        self.dtype = PRECISION_DTYPES.get(precision)
         if precision == "fp16" and device.type == "cpu":
             warnings.warn(
                 "precision='fp16' on CPU runs ~30x slower than fp32 (CPUs have few float16 kernels); "
