@@ -23,15 +23,12 @@ import torch
 
 from drivetrain.backend import (
     LAUNCH_OPTION_DOCS,
-    SPAWN_PARENT_ENV,
     DriverError,
     LauncherEnv,
-    check_layout_arguments,
     choice_option,
-    read_launcher_env,
 )
 
-from ._dist_plan import DEVICES, DIST_KWARGS, TORCHRUN, DistPlan, existing_group, plan_fields
+from ._dist_plan import DIST_KWARGS, DistPlan, plan_fields, wrapper_layout
 
 OPTIONS = "deepspeed_kwargs"
 CONFIG = f"{OPTIONS}['config']"
@@ -72,23 +69,14 @@ class DeepSpeedPlan(DistPlan):
 
 def plan_deepspeed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DeepSpeedPlan:
     """The layout of a ``deepspeed`` run: a launcher's, the Trainer's own processes, the user's group, or one."""
-    check_layout_arguments(nproc, device)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise DriverError(
-            "driver='deepspeed' wraps the model in a DeepSpeed engine itself, but the model is a "
-            "DistributedDataParallel; pass the bare module (model.module)."
-        )
-    from torch import distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        env, backend = existing_group(nproc, options, OPTIONS)
-        return _make_plan("existing", DEVICES.default(model) if device is None else device, env, model, options,
-                          backend=backend)
-    launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model, spawned=SPAWN_PARENT_ENV in os.environ)
-    if launch is None:  # one process: a world of one, started by the driver itself
+    layout = wrapper_layout(model, device, nproc, options, argument=OPTIONS, wraps_itself=(
+        "driver='deepspeed' wraps the model in a DeepSpeed engine itself, but the model is a "
+        "DistributedDataParallel; pass the bare module (model.module)."))
+    if layout is None:  # one process: a world of one, started by the driver itself
         single = device[0] if isinstance(device, (list, tuple)) else device
         return _make_plan("single", single, LauncherEnv(0, 1, 0, 1), model, options)
-    return _make_plan(*launch, model, options)
+    launch, where, env, backend = layout
+    return _make_plan(launch, where, env, model, options, backend=backend)
 
 
 def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],

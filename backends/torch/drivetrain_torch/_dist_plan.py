@@ -102,6 +102,23 @@ def existing_group(nproc: Any, options: Mapping[str, Any], argument: str) -> tup
     return env, str(dist.get_backend())
 
 
+def wrapper_layout(model: Any, device: Any, nproc: Any, options: Mapping[str, Any], *, argument: str,
+                   wraps_itself: str) -> tuple[str, Any, LauncherEnv, str | None] | None:
+    """``(launch, device, env, backend)`` for a driver that wraps the bare module itself (FSDP, DeepSpeed): the
+    group the user initialised, or the launcher's layout; None for one process. A DistributedDataParallel model
+    is refused with ``wraps_itself`` (what the driver does instead, and the fix)."""
+    check_layout_arguments(nproc, device)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise DriverError(wraps_itself)
+    from torch import distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        env, backend = existing_group(nproc, options, argument)
+        return "existing", DEVICES.default(model) if device is None else device, env, backend
+    launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model, spawned=SPAWN_PARENT_ENV in os.environ)
+    return None if launch is None else (*launch, None)
+
+
 def plan_fields(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any], *,
                 argument: str, backend: str | None = None) -> dict[str, Any]:
     """The fields every torch distributed plan has (DDP's and FSDP's): device, backend, rendezvous, options."""

@@ -9,7 +9,6 @@ fails before any process starts.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,16 +16,13 @@ import torch
 
 from drivetrain.backend import (
     LAUNCH_OPTION_DOCS,
-    SPAWN_PARENT_ENV,
     DriverError,
     LauncherEnv,
     bool_option,
-    check_layout_arguments,
     choice_option,
-    read_launcher_env,
 )
 
-from ._dist_plan import DEVICES, DIST_KWARGS, TORCHRUN, DistPlan, existing_group, plan_fields
+from ._dist_plan import DIST_KWARGS, DistPlan, plan_fields, wrapper_layout
 
 OPTIONS = "torch_fsdp_kwargs"
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -75,26 +71,17 @@ class FSDPPlan(DistPlan):
 
 def plan_fsdp(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> FSDPPlan:
     """The layout of a ``torch_fsdp`` run; one process is refused (there is nothing to shard over)."""
-    check_layout_arguments(nproc, device)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise DriverError(
-            "driver='torch_fsdp' shards the model itself, but the model is a DistributedDataParallel; pass the "
-            "bare module (model.module), or use driver='torch' to train with your DDP wrapper."
-        )
-    from torch import distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        env, backend = existing_group(nproc, options, OPTIONS)
-        return _make_plan("existing", DEVICES.default(model) if device is None else device, env, model, options,
-                          backend=backend)
-    launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model, spawned=SPAWN_PARENT_ENV in os.environ)
-    if launch is None:
+    layout = wrapper_layout(model, device, nproc, options, argument=OPTIONS, wraps_itself=(
+        "driver='torch_fsdp' shards the model itself, but the model is a DistributedDataParallel; pass the "
+        "bare module (model.module), or use driver='torch' to train with your DDP wrapper."))
+    if layout is None:
         raise DriverError(
             f"driver='torch_fsdp' shards the model over several processes, but this run is one process "
             f"(device={device!r}, nproc={nproc!r}); pass nproc=N (CPU) or device=[0, 1] (GPUs), start the "
             "script with torchrun --nproc_per_node N, or use driver='torch' for one process."
         )
-    return _make_plan(*launch, model, options)
+    launch, where, env, backend = layout
+    return _make_plan(launch, where, env, model, options, backend=backend)
 
 
 def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],
