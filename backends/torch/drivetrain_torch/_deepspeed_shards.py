@@ -88,11 +88,11 @@ def _fill_range(reader: Reader, source: ShardSource, key: str, flat: torch.Tenso
         at += n
 
 
-def _model_names(module: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Parameter]], list[str]]:
+def _model_names(module: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Parameter]], dict[str, torch.Tensor]]:
     """Every parameter by every name (tied ones twice, as state_dict() gives them) and the persistent buffers."""
     params = list(module.named_parameters(remove_duplicate=False))
     names = {name for name, _ in params}
-    buffers = [name for name in module.state_dict(keep_vars=True) if name not in names]
+    buffers = {name: value for name, value in module.state_dict(keep_vars=True).items() if name not in names}
     return params, buffers
 
 
@@ -114,9 +114,8 @@ def state_shards(engine: Any, dtypes: Mapping[str, torch.dtype], order: list[lis
         elif rank == 0:  # ZeRO-1/2, a parameter no optimizer steps: whole on every rank
             whole = param.detach().to("cpu", dtype=dtypes.get(name, param.dtype))
             pieces[MODEL_PREFIX + name] = ShardPiece(whole, (0,) * whole.dim(), local.shape)
-    owned = dict(module.state_dict(keep_vars=True))
-    for name in buffers if rank == 0 else ():
-        buffer = owned[name].detach().cpu()
+    for name, value in buffers.items() if rank == 0 else ():
+        buffer = value.detach().cpu()
         pieces[MODEL_PREFIX + name] = ShardPiece(buffer, (0,) * buffer.dim(), tuple(buffer.shape))
     metas = [_optimizer_pieces(engine, dict(params), order, rank, pieces)] if order else []
     return StateShards(pieces, {"optimizers": metas})
@@ -158,15 +157,14 @@ def load_state_shards(engine: Any, source: ShardSource, with_optimizers: bool, o
     module = engine.module
     params, buffers = _model_names(module)
     shapes = {name: torch.empty(getattr(p, "ds_shape", p.shape), device="meta") for name, p in params}
-    owned = dict(module.state_dict(keep_vars=True))
-    check_model({**shapes, **{name: owned[name] for name in buffers}}, source)
+    check_model({**shapes, **buffers}, source)
     meta = _check_optimizer(source, order) if with_optimizers and order else None
     with contextlib.ExitStack() as files, torch.no_grad():
         reader = Reader(files)
         for name, param in params:
             _load_parameter(reader, source, MODEL_PREFIX + name, param)
-        for name in buffers:
-            reader.fill(source, MODEL_PREFIX + name, owned[name])
+        for name, buffer in buffers.items():
+            reader.fill(source, MODEL_PREFIX + name, buffer)
         if meta is not None:
             _load_optimizer(engine, source, reader, meta, dict(params))
 

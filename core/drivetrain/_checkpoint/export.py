@@ -23,7 +23,7 @@ import numpy as np
 from .._io import atomic_write
 from . import safetensors_writer
 from .folder import MANIFEST, CheckpointError, list_checkpoints, read_checkpoint, read_manifest, verified_file
-from .sharded import MODEL_PREFIX, is_sharded, parse_layout
+from .sharded import MODEL_PREFIX, ShardRead, is_sharded, parse_layout
 from .training import MODEL_FILE
 
 _HEADER_LIMIT = 100 << 20
@@ -95,10 +95,10 @@ def _merged_shards(folder: str) -> list[safetensors_writer.TensorEntry]:
     source = parse_layout(folder, loaded.manifest, loaded.files.get(loaded.manifest["sharded"].get("layout", "")))
     maps: dict[str, dict[str, safetensors_writer.TensorEntry]] = {}
 
-    def merged(key: str, dtype: str, shape: tuple[int, ...]) -> memoryview:
+    def merged(reads: list[ShardRead], dtype: str, shape: tuple[int, ...]) -> memoryview:
         width = np.dtype(f"u{safetensors_writer.ITEM_SIZES[dtype]}")
         tensor = np.zeros(shape, dtype=width)
-        for read in source.reads(key, (0,) * len(shape), shape):
+        for read in reads:
             if read.path not in maps:
                 with open(read.path, "rb") as f:
                     data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -113,9 +113,9 @@ def _merged_shards(folder: str) -> list[safetensors_writer.TensorEntry]:
     for name in sorted(source.model_keys()):
         key = MODEL_PREFIX + name
         dtype, shape = source.dtype(key), source.shape(key)
-        source.reads(key, (0,) * len(shape), shape)  # a layout that does not cover the tensor fails before writing
+        reads = source.reads(key, (0,) * len(shape), shape)  # a layout that does not cover it fails before writing
         nbytes = int(np.prod(shape, dtype=np.int64)) * safetensors_writer.ITEM_SIZES[dtype]
-        produce = functools.partial(merged, key, dtype, shape)
+        produce = functools.partial(merged, reads, dtype, shape)
         entries.append((name, dtype, shape, safetensors_writer.LazyBytes(nbytes, produce)))
     return entries
 
