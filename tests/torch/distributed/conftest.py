@@ -11,7 +11,8 @@ import pytest
 from ... import _dist_helpers
 from ..._dist_helpers import Finished, alive, free_port, wait_for_file
 
-__all__ = ["Finished", "ProcessGroup", "alive", "child_env", "spawn", "torchrun", "wait_for_file"]
+__all__ = ["Finished", "ProcessGroup", "alive", "child_env", "max_diff", "run_to_end", "spawn", "torchrun",
+           "wait_for_file"]
 
 SCRIPT = str(Path(__file__).with_name("_ddp_script.py"))
 
@@ -37,6 +38,23 @@ class ProcessGroup(_dist_helpers.ProcessGroup):
 
     def __init__(self, cmd: list[str], out: Path) -> None:
         super().__init__(cmd, out, child_env())
+
+
+def run_to_end(cmd: list[str], out: Path, timeout: float) -> Finished:
+    """Run ``cmd`` (killed whole at the end, whatever happened) and require it to succeed."""
+    group = ProcessGroup(cmd, out)
+    try:
+        done = group.wait(timeout)
+    finally:
+        group.close()
+    assert done.returncode == 0, done.output
+    return done
+
+
+def max_diff(a: dict, b: dict) -> float:
+    """The largest difference between two ``{name: [values]}`` parameter sets with the same names."""
+    assert sorted(a) == sorted(b)
+    return max(abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True))
 
 
 @pytest.fixture

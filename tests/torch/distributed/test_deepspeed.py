@@ -27,7 +27,7 @@ from drivetrain import DriverError, Trainer, export_weights  # noqa: E402
 
 from ..._dist_helpers import free_port  # noqa: E402
 from . import _deepspeed_script as script  # noqa: E402
-from .conftest import ProcessGroup, wait_for_file  # noqa: E402
+from .conftest import ProcessGroup, max_diff, run_to_end, wait_for_file  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.torch, pytest.mark.timeout(200)]
 
@@ -41,22 +41,12 @@ FP32 = 1e-6  # the same arithmetic, summed in another order
 
 
 def _launch(cmd: list[str], out: Path) -> None:
-    group = ProcessGroup(cmd, out)
-    try:
-        done = group.wait(TIMEOUT)
-    finally:
-        group.close()
-    assert done.returncode == 0, done.output
+    done = run_to_end(cmd, out, TIMEOUT)
     print(f"\n{' '.join(cmd[-3:])}: {done.seconds:.1f} s")
 
 
 def _read(out: Path, phase: str, ranks: tuple[int, ...] = (0, 1)) -> dict[int, dict]:
     return {r: json.loads((out / f"{phase}-rank{r}.json").read_text()) for r in ranks}
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    assert sorted(a) == sorted(b)
-    return max(abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +104,7 @@ def test_zero_training_equals_ddp(run, phase) -> None:
     for rank, result in _read(run, phase).items():
         assert result["driver"] == "TorchDeepSpeedDriver" and result["rank"] == rank and result["world_size"] == 2
         assert f"zero_stage={3 if phase == 'zero3' else 2}" in result["describe"]
-        assert _max_diff(result["params"], ddp) < FP32
+        assert max_diff(result["params"], ddp) < FP32
 
 
 @pytest.mark.parametrize("phase", ["zero2", "zero3"])
@@ -131,13 +121,13 @@ def test_a_process_group_the_user_started_is_used_and_left_alone(run, tmp_path) 
              str(free_port()), SCRIPT, str(tmp_path), "existing-group"], tmp_path)
     for rank, result in _read(tmp_path, "existing-group").items():
         assert result["rank"] == rank and result["world_size"] == 2
-        assert _max_diff(result["params"], _read(run, "zero3")[rank]["params"]) == 0.0
+        assert max_diff(result["params"], _read(run, "zero3")[rank]["params"]) == 0.0
 
 
 def test_bf16_trains_with_fp32_master_weights(run) -> None:
     bf16, fp32 = _read(run, "bf16"), _read(run, "zero3")[0]["params"]
     assert bf16[0]["params"] == bf16[1]["params"]
-    assert 0 < _max_diff(bf16[0]["params"], fp32) < 0.1  # bf16 arithmetic: close, not equal
+    assert 0 < max_diff(bf16[0]["params"], fp32) < 0.1  # bf16 arithmetic: close, not equal
     assert "precision=bf16" in bf16[0]["describe"]
 
 
@@ -145,7 +135,7 @@ def test_a_bf16_run_resumes_bit_exact(run) -> None:
     """The checkpoint holds the fp32 master weights; the bf16 copy the forward uses is cut from them again."""
     full, resumed = _read(run, "bf16"), _read(run, "bf16-resume")
     for rank in (0, 1):
-        assert _max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
+        assert max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
 
 
 def test_loaded_weights_are_the_ones_the_forward_uses(run) -> None:
@@ -168,17 +158,17 @@ def test_evaluation_and_prediction_on_an_odd_set(run) -> None:
 def test_resume_at_the_same_world_size_is_bit_exact(run) -> None:
     full, resumed = _read(run, "zero3"), _read(run, "resume-same")
     for rank in (0, 1):
-        assert _max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
+        assert max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
 
 
 def test_a_zero3_checkpoint_resumes_under_zero2(run) -> None:
-    assert _max_diff(_read(run, "zero2-resume")[0]["params"], _read(run, "zero3")[0]["params"]) < FP32
+    assert max_diff(_read(run, "zero2-resume")[0]["params"], _read(run, "zero3")[0]["params"]) < FP32
 
 
 def test_one_process_to_two_ranks(run, one) -> None:
     """The world-of-one checkpoint resumed by 2 ZeRO-3 ranks equals DDP resuming it; every sample seen once."""
     resumed, ddp = _read(run, "resume-other"), _read(run, "ddp-resume-other")
-    assert _max_diff(resumed[0]["params"], ddp[0]["params"]) < FP32
+    assert max_diff(resumed[0]["params"], ddp[0]["params"]) < FP32
     before = _read(one, "interrupt", (0,))[0]
     assert before["world_size"] == 1
     seen = before["seen"]["0"] + resumed[0]["seen"]["0"] + resumed[1]["seen"]["0"]
@@ -189,7 +179,7 @@ def test_two_ranks_to_one_process(back) -> None:
     """The 2-rank ZeRO-3 checkpoint resumed by ZeRO-3 in one process equals driver='torch' resuming it."""
     resumed, plain = _read(back, "resume-other", (0,))[0], _read(back, "ddp-resume-other", (0,))[0]
     assert resumed["world_size"] == 1 and plain["driver"] == "TorchSingleDriver"
-    assert _max_diff(resumed["params"], plain["params"]) < FP32
+    assert max_diff(resumed["params"], plain["params"]) < FP32
 
 
 def test_the_checkpoint_is_the_torch_drivers_and_loads_into_driver_torch(run) -> None:
@@ -198,7 +188,7 @@ def test_the_checkpoint_is_the_torch_drivers_and_loads_into_driver_torch(run) ->
     assert manifest["driver"] == "torch" and manifest["pickle"] is False
     assert all(name.endswith((".json", ".safetensors")) for name in os.listdir(folder))
     interrupted = _read(run, "interrupt")[0]["params"]
-    assert _max_diff(interrupted, _read(run, "ddp-interrupt")[0]["params"]) < FP32
+    assert max_diff(interrupted, _read(run, "ddp-interrupt")[0]["params"]) < FP32
     model = script.Net()
     loader = torch.utils.data.DataLoader(script.Points(8, seed=0), batch_size=4)
     trainer = Trainer(model, loader, torch.optim.AdamW(model.parameters(), lr=0.01), driver="torch", progress_bar=None)
@@ -239,8 +229,8 @@ def test_zero3_checkpoints_are_written_by_every_rank(run) -> None:
 def test_zero3_resume_without_persistent_parameters_is_bit_exact(run) -> None:
     full, resumed = _read(run, "lean"), _read(run, "lean-resume")
     for rank in (0, 1):
-        assert _max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
-    assert _max_diff(full[0]["params"], _read(run, "zero3")[0]["params"]) < FP32
+        assert max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
+    assert max_diff(full[0]["params"], _read(run, "zero3")[0]["params"]) < FP32
 
 
 @pytest.mark.parametrize("phase", ["lean-resume-other", "zero2-resume-other"])
@@ -250,7 +240,7 @@ def test_zero_partitions_reshard_to_three_ranks(three, phase) -> None:
     resumed, ddp = _read(three, phase, (0, 1, 2)), _read(three, "ddp-resume-other", (0, 1, 2))
     assert resumed[0]["world_size"] == 3
     assert resumed[0]["params"] == resumed[1]["params"] == resumed[2]["params"]
-    assert _max_diff(resumed[0]["params"], ddp[0]["params"]) < FP32
+    assert max_diff(resumed[0]["params"], ddp[0]["params"]) < FP32
 
 
 def test_zero2_writes_sharded_checkpoints_and_resumes_them(run) -> None:
@@ -259,9 +249,9 @@ def test_zero2_writes_sharded_checkpoints_and_resumes_them(run) -> None:
     assert manifest["sharded"]["world_size"] == 2
     full, resumed = _read(run, "zero2"), _read(run, "zero2-resume-own")
     for rank in (0, 1):
-        assert _max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
+        assert max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
     ddp = _read(run, "ddp-resume-zero2")[0]["params"]
-    assert _max_diff(_read(run, "lean-resume-zero2")[0]["params"], ddp) < FP32
+    assert max_diff(_read(run, "lean-resume-zero2")[0]["params"], ddp) < FP32
 
 
 def test_a_hugging_face_gpt2_trained_under_zero3_exports_to_from_pretrained(tmp_path) -> None:
@@ -282,10 +272,10 @@ def test_a_hugging_face_gpt2_trained_under_zero3_exports_to_from_pretrained(tmp_
 
 
 def test_zero3_and_fsdp_resume_each_others_checkpoints(run) -> None:
-    assert _max_diff(_read(run, "fsdp-resume-lean")[0]["params"], _read(run, "ddp-resume-lean")[0]["params"]) < FP32
+    assert max_diff(_read(run, "fsdp-resume-lean")[0]["params"], _read(run, "ddp-resume-lean")[0]["params"]) < FP32
     assert _read(run, "fsdp-resume-lean")[0]["driver"] == "TorchFSDPDriver"
-    assert _max_diff(_read(run, "lean-resume-fsdp")[0]["params"], _read(run, "ddp-resume-fsdp")[0]["params"]) < FP32
-    assert _max_diff(_read(run, "ddp-resume-lean")[0]["params"], _read(run, "lean")[0]["params"]) < FP32
+    assert max_diff(_read(run, "lean-resume-fsdp")[0]["params"], _read(run, "ddp-resume-fsdp")[0]["params"]) < FP32
+    assert max_diff(_read(run, "ddp-resume-lean")[0]["params"], _read(run, "lean")[0]["params"]) < FP32
 
 
 # ------------------------------------------------------------------------- failures

@@ -20,7 +20,7 @@ from drivetrain import DriverError, Trainer
 
 from ..._dist_helpers import free_port
 from . import _fsdp_script as script
-from .conftest import ProcessGroup
+from .conftest import ProcessGroup, max_diff, run_to_end
 
 pytestmark = [pytest.mark.distributed, pytest.mark.torch, pytest.mark.timeout(180)]
 
@@ -35,18 +35,8 @@ def _read(out: Path, phase: str, world: int = 2) -> dict[int, dict]:
 def _launch(out: Path, phases: str, nproc: int = 2, *extra: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
            str(free_port()), SCRIPT, str(out), phases, *extra]
-    group = ProcessGroup(cmd, out)
-    try:
-        done = group.wait(TIMEOUT)
-    finally:
-        group.close()
-    assert done.returncode == 0, done.output
+    done = run_to_end(cmd, out, TIMEOUT)
     print(f"\ntorchrun, {nproc} ranks, {phases}: {done.seconds:.1f} s")
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    assert sorted(a) == sorted(b)
-    return max(abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +83,7 @@ def test_fsdp_matches_one_process_with_the_global_batch(run, reference) -> None:
     full = _read(run, "full")
     for rank, result in full.items():
         assert result["driver"] == "TorchFSDPDriver" and result["rank"] == rank and result["world_size"] == 2
-        assert _max_diff(result["params"], reference["params"]) < 1e-6  # accumulation 2, AdamW, clipping
+        assert max_diff(result["params"], reference["params"]) < 1e-6  # accumulation 2, AdamW, clipping
 
 
 def test_clipping_logs_the_global_norm_of_the_sharded_gradients(run, reference) -> None:
@@ -116,7 +106,7 @@ def test_bf16_blocks_and_activation_checkpointing_train(run) -> None:
     options = _read(run, "options")
     assert options[0]["params"] == options[1]["params"]
     full = _read(run, "full")[0]["params"]
-    assert 0 < _max_diff(options[0]["params"], full) < 0.2  # bf16 arithmetic, no accumulation: close, not equal
+    assert 0 < max_diff(options[0]["params"], full) < 0.2  # bf16 arithmetic, no accumulation: close, not equal
 
 
 def test_fp16_skips_a_step_on_every_rank_when_one_shard_overflows(run) -> None:
@@ -133,7 +123,7 @@ def test_fp16_skips_a_step_on_every_rank_when_one_shard_overflows(run) -> None:
 def test_resume_at_two_ranks_is_bit_exact(run) -> None:
     full, resumed = _read(run, "full"), _read(run, "resume-same")
     for rank in (0, 1):
-        assert _max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
+        assert max_diff(resumed[rank]["params"], full[rank]["params"]) == 0.0
 
 
 def test_ddp_and_fsdp_checkpoints_load_into_each_other(run) -> None:
@@ -142,7 +132,7 @@ def test_ddp_and_fsdp_checkpoints_load_into_each_other(run) -> None:
     for phase, driver in (("resume-from-ddp", "TorchFSDPDriver"), ("ddp-from-fsdp", "TorchDDPDriver")):
         result = _read(run, phase)[0]
         assert result["driver"] == driver
-        assert _max_diff(result["params"], full) < 1e-6
+        assert max_diff(result["params"], full) < 1e-6
 
 
 def test_a_one_process_checkpoint_resumes_on_two_fsdp_ranks(run, reference) -> None:
