@@ -1,9 +1,11 @@
 """Which process layout ``driver="torch_fsdp"`` asks for, and its sharding options, checked up front.
 
 The layout is decided as for the DDP driver (:mod:`._dist_plan`: torchrun's environment,
-``nproc=``/``device=[...]``, or a process group the user initialised); the options come
-from ``torch_fsdp_kwargs`` and are checked here, when the Trainer is built, so a bad one
-fails before any process starts.
+``nproc=``/``device=[...]``, or a process group the user initialised); one process is allowed
+too, as for DeepSpeed: a world of one, whose group the driver starts itself (``launch="single"``),
+for ``cpu_offload`` or a meta-device model on one GPU, a first run of a multi-GPU script, or a
+checkpoint of several processes resumed on one. The options come from ``torch_fsdp_kwargs`` and
+are checked here, when the Trainer is built, so a bad one fails before any process starts.
 """
 
 from __future__ import annotations
@@ -70,16 +72,13 @@ class FSDPPlan(DistPlan):
 
 
 def plan_fsdp(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> FSDPPlan:
-    """The layout of a ``torch_fsdp`` run; one process is refused (there is nothing to shard over)."""
+    """The layout of a ``torch_fsdp`` run: a launcher's, the Trainer's own processes, the user's group, or one."""
     layout = wrapper_layout(model, device, nproc, options, argument=OPTIONS, wraps_itself=(
         "driver='torch_fsdp' shards the model itself, but the model is a DistributedDataParallel; pass the "
         "bare module (model.module), or use driver='torch' to train with your DDP wrapper."))
-    if layout is None:
-        raise DriverError(
-            f"driver='torch_fsdp' shards the model over several processes, but this run is one process "
-            f"(device={device!r}, nproc={nproc!r}); pass nproc=N (CPU) or device=[0, 1] (GPUs), start the "
-            "script with torchrun --nproc_per_node N, or use driver='torch' for one process."
-        )
+    if layout is None:  # one process: a world of one (shards of the whole), started by the driver itself
+        single = device[0] if isinstance(device, (list, tuple)) else device
+        return _make_plan("single", single, LauncherEnv(0, 1, 0, 1), model, options)
     launch, where, env, backend = layout
     return _make_plan(launch, where, env, model, options, backend=backend)
 

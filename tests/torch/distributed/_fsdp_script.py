@@ -1,6 +1,6 @@
-"""The program the FSDP tests start under torchrun (2 ranks, gloo on CPU).
+"""The program the FSDP tests start under torchrun (2 ranks, or 1 or 3, gloo on CPU).
 
-    _fsdp_script.py OUT PHASES [--one-process DIR] [--nproc 2]
+    _fsdp_script.py OUT PHASES [--one-process DIR] [--nproc 2] [--source DIR] [--accumulation N]
 
 Runs the comma-separated PHASES one after another in the same processes (the first
 Trainer starts the process group, the later ones use it) and writes
@@ -21,6 +21,7 @@ Trainer starts the process group, the later ones use it) and writes
 - ``mid-cycle``: a checkpoint asked for inside an accumulation cycle, refused (the message is recorded);
 - ``full-state``: ``interrupt`` with ``state_dict='full'`` (gathered to rank 0, one model file), into
   ``OUT/interrupted-full``;
+- ``resume-source``: FSDP resumed from ``--source`` (a checkpoint of any world size);
 - ``reshard``: at any world size W, ``load_checkpoint(--source, resume_training=False)`` (weights and
   optimizer state only), recorded, then saved again as ``OUT/from-W`` (W shard files).
 
@@ -35,6 +36,8 @@ Trainer starts the process group, the later ones use it) and writes
 Every phase also records the full optimizer state (``optim``).
 
 With ``--nproc 2`` the script is started as ``python _fsdp_script.py`` and the Trainer starts rank 1.
+``--accumulation N`` sets ``accumulation_steps`` (default ``ACCUMULATION``): one rank accumulating 4
+batches steps on the samples two ranks accumulating 2 do.
 """
 
 from __future__ import annotations
@@ -169,7 +172,7 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
         callbacks.append(StopAt(INTERRUPT_AT, os.path.join(args.out, folder)))
     resume = {"resume-same": os.path.join(args.out, "interrupted"), "resume-one": args.one_process,
               "resume-from-ddp": os.path.join(args.out, "ddp-interrupted"),
-              "ddp-from-fsdp": os.path.join(args.out, "interrupted")}
+              "ddp-from-fsdp": os.path.join(args.out, "interrupted"), "resume-source": args.source}
     if phase in resume:
         run_options["resume_from"] = resume[phase]
     if phase == "options":
@@ -186,6 +189,8 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
         options["torch_fsdp_kwargs"] = {"state_dict": "full"}
     if args.nproc:
         options["nproc"] = args.nproc
+    if args.accumulation:
+        options["accumulation_steps"] = args.accumulation
     trainer = build_trainer(model, batch_size=BATCH_PER_RANK, driver=driver, callbacks=callbacks,
                             evaluate=phase == "full", **options)
     initialised = None
@@ -274,6 +279,7 @@ def main() -> None:
     parser.add_argument("--one-process")
     parser.add_argument("--nproc", type=int)
     parser.add_argument("--source")
+    parser.add_argument("--accumulation", type=int)
     args = parser.parse_args()
     for phase in args.phases.split(","):
         run_phase(phase, args)

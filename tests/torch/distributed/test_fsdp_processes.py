@@ -289,7 +289,6 @@ def _build(**options) -> Trainer:
 
 
 @pytest.mark.parametrize(("options", "words"), [
-    ({}, ["one process", "nproc=N", "driver='torch'"]),
     ({"nproc": 2, "torch_fsdp_kwargs": {"wrap": ["Nope"]}},
      ["torch_fsdp_kwargs['wrap']", "'Nope'", "'Block'"]),
     ({"nproc": 2, "torch_fsdp_kwargs": {"wrap": 3}}, ["torch_fsdp_kwargs['wrap']=3", "class names"]),
@@ -301,7 +300,7 @@ def _build(**options) -> Trainer:
      ["torch_fsdp_kwargs['activation_checkpointing']"]),
     ({"nproc": 2, "torch_fsdp_kwargs": {"state_dict": "gathered"}},
      ["torch_fsdp_kwargs['state_dict']='gathered'", "'sharded'", "'full'"]),
-], ids=["one-process", "wrap-absent", "wrap-type", "mixed-precision", "cpu-offload-on-cpu", "ddp-kwargs",
+], ids=["wrap-absent", "wrap-type", "mixed-precision", "cpu-offload-on-cpu", "ddp-kwargs",
         "not-a-bool", "state-dict"])
 def test_a_bad_option_names_the_argument_and_the_fix(options, words) -> None:
     with pytest.raises(DriverError) as caught:
