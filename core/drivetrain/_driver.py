@@ -20,8 +20,8 @@ import numpy as np
 
 from ._checkpoint import safetensors_writer
 from ._checkpoint.safetensors_writer import TensorEntry
-from ._errors import DriverError
-from ._param_matching import auto_param_call
+from ._errors import DriverError, DrivetrainError
+from ._param_matching import auto_param_call, explain_call_failure
 
 if TYPE_CHECKING:
     from ._checkpoint.sharded import ShardSource, StateShards
@@ -171,10 +171,27 @@ class Driver(abc.ABC):
 
     def model_call(self, batch: Any, fn: Callable, signature_fn: Callable | None) -> Any:
         """Call ``fn`` with ``batch``: matched by parameter name when the batch is a dict."""
-        # type() first: the ABC check of isinstance(batch, Mapping) costs more than the call it guards
-        if (type(batch) is dict or isinstance(batch, Mapping)) and not self.model_wo_auto_param_call:
-            return auto_param_call(fn, batch, signature_fn=signature_fn)
-        return fn(batch)
+        try:
+            # type() first: the ABC check of isinstance(batch, Mapping) costs more than the call it guards
+            if (type(batch) is dict or isinstance(batch, Mapping)) and not self.model_wo_auto_param_call:
+                return auto_param_call(fn, batch, signature_fn=signature_fn)
+            return fn(batch)
+        except (TypeError, AttributeError, ValueError) as exc:  # the framework's error about a batch it cannot take
+            explained = self._explain_call_failure(batch, fn, signature_fn, exc)
+            if explained is None:
+                raise
+            raise explained from exc
+
+    def _explain_call_failure(self, batch: Any, fn: Callable, signature_fn: Callable | None,
+                              exc: Exception) -> Exception | None:
+        """The error naming the batch's fault when ``fn(batch)`` failed because of it (numpy arrays where
+        tensors belong, a tuple batch for a one-parameter forward), else None; runs only after a failure."""
+        if isinstance(exc, DrivetrainError):
+            return None
+        knows_tensors = type(self).is_tensor is not Driver.is_tensor  # the default cannot tell a tensor
+        return explain_call_failure(batch, fn, signature_fn, exc, driver_name=self.name,
+                                    is_tensor=self.is_tensor if knows_tensors else None,
+                                    to_tensor_example=getattr(self, "to_tensor_example", None))
 
     @abc.abstractmethod
     def set_model_mode(self, mode: str) -> None:

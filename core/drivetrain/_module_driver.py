@@ -37,7 +37,9 @@ class ModuleDriver(Driver):
     - ``accepted_kwargs``: ``{option: meaning}`` of ``<name>_kwargs``.
     - ``distributed_only_kwargs``: options that only a distributed run accepts (refused here
       with a hint to train distributed: ``distributed_hint``).
-    - ``optimizer_example`` / ``dataloader_example``: code shown in error messages.
+    - ``optimizer_example`` / ``dataloader_example`` / ``loss_example`` / ``to_tensor_example``: code shown
+      in error messages (a classification loss of ``outputs`` and ``batch['label']``; a numpy ``array`` made a
+      tensor).
     - ``state_ops``: the backend's state module, with ``model_state(model)``,
       ``load_model_state(model, state)``, ``tensor_buffer(tensor)``,
       ``tensors_from_bytes(data)``, ``gradient_state(model)``,
@@ -77,6 +79,8 @@ class ModuleDriver(Driver):
     not_here_kwargs: Mapping[str, str] = {}
     optimizer_example: str = "an optimizer over model.parameters()"
     dataloader_example: str = "a DataLoader(dataset, batch_size=32, shuffle=True)"
+    loss_example: str = "torch.nn.functional.cross_entropy(outputs, batch['label'])"
+    to_tensor_example: str = "torch.as_tensor(array)"
     state_ops: Any = None
     optimizer_load_errors: tuple[type[BaseException], ...] = (ValueError,)
     rng_ops: Any = None
@@ -208,13 +212,26 @@ class ModuleDriver(Driver):
         if loss.numel() != 1:
             raise self.multi_value_error(loss)
 
-    @staticmethod
-    def multi_value_error(loss: Any) -> DriverError:
-        """The error for a ``loss`` with more than one element: backward needs a scalar (reduce it in the
-        model)."""
+    def multi_value_error(self, loss: Any) -> DriverError:
+        """The error for a ``loss`` with more than one element: backward needs a single number.
+
+        Such a value is often not a loss at all: a model returning its predictions (logits) without
+        ``loss_fn`` hands them to backward. A loss per sample (one dimension) is reduced in the model; a
+        value with a batch and a class dimension is predictions, for which ``loss_fn`` is the fix.
+        """
+        shape = tuple(int(d) for d in loss.shape)
+        outputs_fix = (
+            f"if the model returns its predictions (logits) rather than a loss, tell the Trainer how to compute "
+            f"the loss: loss_fn=lambda outputs, batch: {self.loss_example} "
+            "(with your labels' key in the batch), or output_mapping= to name the loss "
+            "among the outputs of a model that returns a dict or tuple"
+        )
+        reduce_fix = "if it is a loss per sample, reduce it in the model (or in loss_fn), e.g. loss.mean()"
+        fixes = (outputs_fix, reduce_fix) if len(shape) > 1 else (reduce_fix, outputs_fix)
+        looks = " (it looks like predictions: a batch of values per class, not a loss)" if len(shape) > 1 else ""
         return DriverError(
-            f"the model's output 'loss' has shape {tuple(int(d) for d in loss.shape)}; backward needs a single number: "
-            "reduce it in the model, e.g. loss.mean()."
+            f"the value backpropagated as the loss has shape {shape}; backward needs a single number{looks}. "
+            f"{fixes[0][0].upper()}{fixes[0][1:]}; {fixes[1]}."
         )
 
     def clip_gradients(self, params: list[Any]) -> Any:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from ._errors import BatchMismatchError, ConfigurationError
 from ._outputs import find_loss
@@ -142,6 +144,78 @@ def make_batch_namer(signature_fn: Callable, wo_auto_param_call: bool) -> Callab
         )
 
     return name_batch
+
+
+def _raw_values(batch: Any, is_tensor: Callable[[Any], bool], path: str = "batch", depth: int = 0) -> list[str]:
+    """Where ``batch`` holds numpy arrays or lists of numbers that are not the framework's tensors
+    (``["batch['x'] (numpy.ndarray)"]``); a few levels deep, for an error message only."""
+    if is_tensor(batch) or depth > 3:
+        return []
+    if isinstance(batch, np.ndarray):
+        return [f"{path} (numpy.ndarray)"]
+    items: Iterable[tuple[str, Any]] = ()
+    if isinstance(batch, Mapping):
+        items = ((f"{path}[{k!r}]", v) for k, v in batch.items())
+    elif isinstance(batch, (list, tuple)):
+        if batch and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in batch):
+            return [f"{path} (a python {type(batch).__name__} of numbers)"]
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(batch))
+    found: list[str] = []
+    for where, value in items:
+        found += _raw_values(value, is_tensor, where, depth + 1)
+    return found
+
+
+def explain_call_failure(batch: Any, fn: Callable, signature_fn: Callable | None, exc: Exception, *,
+                         driver_name: str, is_tensor: Callable[[Any], bool] | None,
+                         to_tensor_example: str | None) -> BatchMismatchError | None:
+    """Why calling the step function on ``batch`` raised ``exc``, when the batch is the likely cause; else None.
+
+    Two first-hour mistakes end in the framework's own TypeError deep in the model: numpy arrays
+    or python lists in the batch (the driver moves tensors, it converts nothing), and a
+    ``forward(self, x)`` handed a whole ``(x, y)`` tuple. Only called once the call failed, so
+    the per-batch path pays nothing.
+    """
+    sig_fn = signature_fn or fn
+    fn_name = getattr(sig_fn, "__qualname__", repr(sig_fn))
+    faults = [fault for fault in (_raw_fault(batch, is_tensor, driver_name, to_tensor_example),
+                                  _whole_tuple_fault(batch, sig_fn, fn_name)) if fault]
+    if not faults:
+        return None
+    also = "".join(f" Also, {fault[0].lower()}{fault[1:]}" for fault in faults[1:])
+    return BatchMismatchError(f"{fn_name}() raised {type(exc).__name__}: {exc}. {faults[0]}{also}")
+
+
+def _raw_fault(batch: Any, is_tensor: Callable[[Any], bool] | None, driver_name: str,
+               to_tensor_example: str | None) -> str:
+    raw = _raw_values(batch, is_tensor) if is_tensor is not None else []
+    if not raw:
+        return ""
+    shown = ", ".join(raw[:3]) + (f" and {len(raw) - 3} more" if len(raw) > 3 else "")
+    example = f" (e.g. {to_tensor_example})" if to_tensor_example else ""
+    return (f"The batch holds values that are not {driver_name} tensors: {shown}; the {driver_name} driver moves "
+            "tensors to the device but converts nothing else. Convert them to tensors in the Dataset's "
+            f"__getitem__ or in the DataLoader's collate_fn{example}, or pass input_mapping= a function that "
+            "converts the batch.")
+
+
+def _whole_tuple_fault(batch: Any, sig_fn: Callable, fn_name: str) -> str:
+    if (type(batch) is not tuple and type(batch) is not list) or len(batch) < 2:
+        return ""
+    try:
+        names, _, var_pos, _ = positional_parameters(sig_fn)
+    except (TypeError, ValueError):
+        return ""
+    if var_pos or len(names) != 1:
+        return ""
+    name, kind = names[0], type(batch).__name__
+    keys = [name] + ["target" if i == 1 else f"extra_{i}" for i in range(1, len(batch))]
+    mapping = "{" + ", ".join(f"{key!r}: batch[{i}]" for i, key in enumerate(keys)) + "}"
+    return (f"The batch is a {kind} of {len(batch)} values (e.g. (x, y) from a TensorDataset) but "
+            f"{fn_name}({name}) takes one parameter, so it received the whole {kind} as {name!r}. Name the "
+            f"values: pass input_mapping=lambda batch: {mapping} to the Trainer; the model then gets "
+            f"{name}=batch[0], and loss_fn, metrics and callbacks see the batch as that dict (batch['target']). "
+            f"Or add parameters for the other values to {fn_name}.")
 
 
 def as_dict(obj: Any) -> Any:

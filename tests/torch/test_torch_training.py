@@ -135,7 +135,7 @@ def test_loss_without_grad(model, make_driver, batches) -> None:
 
 def test_loss_that_is_not_a_scalar(model, make_driver) -> None:
     d = make_driver(model)
-    with pytest.raises(DriverError, match=r"'loss' has shape \(8, 4\).*loss.mean\(\)"):
+    with pytest.raises(DriverError, match=r"the loss has shape \(8, 4\).*loss.mean\(\)"):
         d.backward(model.fc1.weight * 2)
 
 

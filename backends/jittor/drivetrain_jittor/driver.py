@@ -68,6 +68,8 @@ class JittorSingleDriver(ModuleDriver):
     framework = jt
     module_type, module_name = jt.Module, "jittor.Module"
     optimizer_type, optimizer_name = jt.optim.Optimizer, "jittor.optim.Optimizer"
+    loss_example = "jittor.nn.cross_entropy_loss(outputs, batch['label'])"
+    to_tensor_example = "jittor.array(array)"
     optimizer_example = "jittor.optim.SGD(model.parameters(), lr=0.1)"
     tensor_type = jt.Var
     dataloader_type = jt.dataset.Dataset  # a jittor Dataset is its own loader (set_attrs(batch_size=...))

@@ -48,6 +48,8 @@ class OneflowSingleDriver(ModuleDriver):
     framework = flow
     module_type, module_name = flow.nn.Module, "oneflow.nn.Module"
     optimizer_type, optimizer_name = flow.optim.Optimizer, "oneflow.optim.Optimizer"
+    loss_example = "oneflow.nn.functional.cross_entropy(outputs, batch['label'])"
+    to_tensor_example = "oneflow.as_tensor(array)"
     optimizer_example = "oneflow.optim.Adam(model.parameters(), lr=1e-3)"
     tensor_type = flow.Tensor
     dataloader_type, dataset_type = flow.utils.data.DataLoader, flow.utils.data.Dataset

@@ -54,6 +54,8 @@ class PaddleSingleDriver(ModuleDriver):
     framework = paddle
     module_type, module_name = paddle.nn.Layer, "paddle.nn.Layer"
     optimizer_type, optimizer_name = paddle.optimizer.Optimizer, "paddle.optimizer.Optimizer"
+    loss_example = "paddle.nn.functional.cross_entropy(outputs, batch['label'])"
+    to_tensor_example = "paddle.to_tensor(array)"
     optimizer_example = "paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())"
     tensor_type = paddle.Tensor
     dataloader_type, dataset_type = paddle.io.DataLoader, paddle.io.Dataset
@@ -145,10 +147,7 @@ class PaddleSingleDriver(ModuleDriver):
         if not isinstance(loss, paddle.Tensor) or loss.stop_gradient:
             self.raise_bad_loss(loss)
         if loss.shape and loss.size != 1:  # shape first: size costs microseconds, a 0-d loss is the usual
-            raise DriverError(  # paddle would backpropagate a vector loss silently
-                f"the model's output 'loss' has shape {list(loss.shape)}; backward needs a single number: "
-                "reduce it in the model, e.g. loss.mean()."
-            )
+            raise self.multi_value_error(loss)  # paddle would backpropagate a vector loss silently
         scaler = self.grad_scaler
         (loss if scaler is None else scaler.scale(loss)).backward()
 
