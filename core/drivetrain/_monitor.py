@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._errors import ConfigurationError
@@ -51,8 +51,13 @@ def _loader_of(key: str) -> str:
     return parts[2] if len(parts) > 2 else ""
 
 
-def validate_monitor(monitor: Any, metrics: Mapping[str, Any] | None) -> None:
-    """Check at construction that ``monitor`` can name something the metrics will produce."""
+def validate_monitor(monitor: Any, metrics: Mapping[str, Any] | None,
+                     dataloader_names: Sequence[str] | None = None) -> None:
+    """Check at construction that ``monitor`` can name something the metrics will produce.
+
+    ``dataloader_names``: the evaluation dataloaders' names (``[""]`` for a single unnamed one), which the
+    third part of a full key (``"acc#acc#dev"``) must name; None when they are not known yet.
+    """
     if monitor is None or callable(monitor):
         return
     if not isinstance(monitor, str):
@@ -62,6 +67,8 @@ def validate_monitor(monitor: Any, metrics: Mapping[str, Any] | None) -> None:
             f"monitor={monitor!r} was given but there are no metrics to monitor; pass metrics= and evaluate_dataloaders=."
         )
     wanted = result_key_parts(monitor)
+    if dataloader_names is not None:
+        _check_dataloader_part(monitor, wanted, dataloader_names)
     accepted: set[str] = set()
     for metric_name, metric in metrics.items():
         result_names = getattr(metric, "result_names", None)
@@ -75,4 +82,25 @@ def validate_monitor(monitor: Any, metrics: Mapping[str, Any] | None) -> None:
         raise ConfigurationError(
             f"monitor={monitor!r} names no single metric result; it can be one of {sorted(accepted)} "
             "(optionally followed by '#<dataloader name>'), or a function(results) -> float."
+        )
+
+
+def _check_dataloader_part(monitor: str, wanted: list[str], dataloader_names: Sequence[str]) -> None:
+    """The third part of ``monitor`` names one of the evaluation dataloaders; nothing comes after it."""
+    if len(wanted) < 3:
+        return
+    head = "#".join(wanted[:2])
+    named = [name for name in dataloader_names if name]
+    if not named:
+        raise ConfigurationError(
+            f"monitor={monitor!r} names the dataloader {wanted[2]!r}, but evaluate_dataloaders is a single "
+            f"dataloader without a name, so result keys have no dataloader part: pass monitor={head!r}, or name "
+            f"the dataloader: evaluate_dataloaders={{{wanted[2]!r}: dataloader}}."
+        )
+    if len(wanted) > 3 or wanted[2] not in named:
+        loader = "#".join(wanted[2:])
+        raise ConfigurationError(
+            f"monitor={monitor!r} names the dataloader {loader!r}, which is not one of evaluate_dataloaders "
+            f"{named}.{did_you_mean(loader, named)} A full key is 'result#metric#dataloader', e.g. "
+            f"{head + '#' + named[0]!r}."
         )

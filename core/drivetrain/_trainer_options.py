@@ -9,6 +9,7 @@ every wrong argument fails here, by name, before a driver or dataloader exists.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +87,11 @@ def check_evaluation(metrics: Any, evaluate_dataloaders: Any, overfit_batches: i
             "evaluate_dataloaders were given but metrics=None; pass metrics={'acc': Accuracy()} or drop "
             "evaluate_dataloaders."
         )
-    validate_monitor(monitor, metrics)
+    if metrics is not None and isinstance(evaluate_dataloaders, Mapping) and not overfit_batches:
+        dataloader_names = list(evaluate_dataloaders)
+    else:  # one unnamed dataloader (overfit_batches evaluates on the training batches)
+        dataloader_names = [""]
+    validate_monitor(monitor, metrics, dataloader_names)
     return metrics
 
 

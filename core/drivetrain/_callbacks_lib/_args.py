@@ -58,7 +58,7 @@ def resolve_monitor(owner: str, why: str, monitor: Any, larger_better: bool | No
             f"monitor='<result name>' to {owner} (or to the Trainer)."
         )
     if monitor is not None:
-        validate_monitor(monitor, trainer.metrics)
+        validate_monitor(monitor, trainer.metrics, list(trainer.evaluator.dataloaders))
     return chosen, trainer.larger_better if larger_better is None else larger_better
 
 
