@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -79,6 +80,34 @@ def unknown_arguments_error(owner: str, unknown: Iterable[str], accepted: Iterab
         notes.append(f"{name}: did you mean {close[0]}=?" if close else f"{name}: no accepted argument is close")
     message = f"{owner} got unexpected argument(s) {names} ({'; '.join(notes)})."
     return ConfigurationError(f"{message} {hint}" if hint else message)
+
+
+def check_keywords(cls: type) -> type:
+    """Make ``cls(...)`` refuse a misspelt keyword argument with :func:`unknown_arguments_error` (the closest
+    accepted name) instead of Python's bare TypeError; applied to every public callback and logger class.
+
+    Wraps the ``__init__`` the class uses (its own or inherited) once, checking only the keyword names,
+    so a subclass keeps working: its own ``__init__`` is left alone, and one inherited from a checked
+    class checks against that class's parameters. An ``__init__`` taking ``**kwargs`` is left as it is.
+    """
+    init = cls.__init__  # type: ignore[misc]
+    if getattr(init, "_checks_keywords", False):
+        return cls
+    parameters = inspect.signature(init).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return cls
+    accepted = frozenset(parameter_names(init))
+
+    @functools.wraps(init)
+    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not accepted.issuperset(kwargs):
+            raise unknown_arguments_error(cls.__name__, set(kwargs) - accepted, accepted,
+                                          f"{cls.__name__} accepts {', '.join(parameter_names(init))}.")
+        init(self, *args, **kwargs)
+
+    checked_init._checks_keywords = True  # type: ignore[attr-defined]
+    setattr(cls, "__init__", checked_init)  # noqa: B010 - mypy refuses assigning a method
+    return cls
 
 
 def build_driver(driver: Any, model: Any, device: Any, **options: Any) -> Driver:

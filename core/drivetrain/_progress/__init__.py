@@ -1,5 +1,6 @@
 """Progress displays (callbacks run on the global-zero process) and the choice among them."""
 
+from .._options import check_keywords
 from .base import ProgressCallback
 from .choose import choose_progress
 from .raw import RawTextProgress
@@ -7,3 +8,6 @@ from .rich_bar import RichProgress
 from .tqdm_bar import TqdmProgress
 
 __all__ = ["ProgressCallback", "RawTextProgress", "RichProgress", "TqdmProgress", "choose_progress"]
+
+for _public in (RawTextProgress, RichProgress, TqdmProgress):
+    check_keywords(_public)  # a misspelt keyword gets the closest accepted name
