@@ -143,6 +143,13 @@ class LoadedCheckpoint:
 
 def read_manifest(folder: str) -> dict[str, Any]:
     path = os.path.join(folder, MANIFEST)
+    if not os.path.exists(folder):
+        raise CheckpointError(
+            f"{folder} does not exist (a relative path starts at the current directory, {os.getcwd()}); pass "
+            "the folder that save_model()/save_checkpoint() or CheckpointCallback wrote."
+        )
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"{folder} is a file, not a checkpoint folder; pass the folder that holds {MANIFEST}.")
     if not os.path.isfile(path):
         raise CheckpointError(
             f"{folder} is not a checkpoint: it has no {MANIFEST} (an interrupted save leaves no manifest; "
