@@ -5,7 +5,9 @@ Messages go through ``logging.getLogger("drivetrain")``, so an application that 
 logging routes them like its own. When it has not (no handler on the ``drivetrain`` logger
 or the root logger), drivetrain adds one that writes ``drivetrain: <message>`` lines to the
 *current* ``sys.stderr`` at each message: a live rich progress bar redirects that stream
-above its bars, so messages never tear a redraw. ``Trainer(log_level=...)`` sets the level;
+above its bars, so messages never tear a redraw. A handler a framework put on the root logger
+at its import (paddle does) is not the application's configuration: a backend names its
+format (:func:`ignore_framework_log_format`), and drivetrain's lines keep their own format. ``Trainer(log_level=...)`` sets the level;
 by default the global-zero process shows ``info`` and the other ranks only warnings.
 """
 
@@ -21,6 +23,23 @@ logger = logging.getLogger("drivetrain")
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
           "critical": logging.CRITICAL}
+
+
+_FRAMEWORK_FORMATS: set[str] = set()
+"""Formats of the handlers frameworks put on the root logger themselves (not the application's logging)."""
+
+
+def ignore_framework_log_format(fmt: str) -> None:
+    """Declare ``fmt`` the format of a handler a framework adds to the root logger on import (paddle's
+    ``[%(asctime)-15s] [%(levelname)8s] ...``), so drivetrain does not take it for the application's logging
+    configuration: its own lines then keep the ``drivetrain: <message>`` format."""
+    _FRAMEWORK_FORMATS.add(fmt)
+
+
+def _application_handlers() -> list[logging.Handler]:
+    """The root logger's handlers, less those a framework added at its import."""
+    return [h for h in logging.getLogger().handlers
+            if getattr(h.formatter, "_fmt", None) not in _FRAMEWORK_FORMATS]
 
 
 class _CurrentStderr(logging.StreamHandler):
@@ -48,7 +67,7 @@ def check_log_level(level: Any) -> int | None:
 def configure(level: int | None, *, is_global_zero: bool) -> None:
     """Set the ``drivetrain`` logger's level for this process and make sure its messages are shown."""
     logger.setLevel(level if level is not None else (logging.INFO if is_global_zero else logging.WARNING))
-    if not logger.handlers and not logging.getLogger().handlers:
+    if not logger.handlers and not _application_handlers():
         handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("drivetrain: %(message)s"))
         logger.addHandler(handler)

@@ -89,6 +89,7 @@ from ._distributed import (
 from ._driver import Driver
 from ._driver_factory import module_driver_factory, planned_distributed
 from ._errors import DistributedError, DriverError
+from ._log import ignore_framework_log_format
 from ._lr_groups import group_multipliers, shared_rate
 from ._module_driver import NULL_CONTEXT, ModuleDriver
 from ._param_matching import positional_parameters
@@ -200,6 +201,7 @@ __all__ = [
     "module_driver_factory",  # the plugin's create_driver for a ModuleDriver backend, given its distributed choice
     "planned_distributed",  # module_driver_factory's distributed choice from a planner and a lazily imported driver class
     "driver_specs_hook",  # the plugin module's drivetrain_driver_specs hook for a backend laid out by convention
+    "ignore_framework_log_format",  # the format of a root-logger handler the framework adds on import: not the app's
     # models
     "check_model_type",  # model= must be an instance of the framework's module class
     "positional_parameters",  # a forward's positional parameter names, required count, *args and **kwargs

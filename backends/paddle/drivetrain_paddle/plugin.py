@@ -8,11 +8,17 @@ The ``drivetrain`` entry-point group points here; the core calls
 from __future__ import annotations
 
 from drivetrain import Capabilities
-from drivetrain.backend import driver_specs_hook
+from drivetrain.backend import driver_specs_hook, ignore_framework_log_format
 
 TESTED_PADDLE = "3.3.1"
 """The paddlepaddle release this backend is tested with; "not installed" messages name the core's install line
-for paddle (``pip install "drivetrain[paddle]" paddlepaddle==3.3.1``), GPU users install paddlepaddle-gpu instead."""
+for paddle (from a checkout ``pip install -c constraints.txt -e . -e backends/paddle paddlepaddle==3.3.1``), GPU
+users install paddlepaddle-gpu instead."""
+
+PADDLE_ROOT_LOG_FORMAT = "[%(asctime)-15s] [%(levelname)8s] %(filename)s:%(lineno)s - %(message)s"
+"""The format of the handler ``import paddle`` puts on the root logger (paddle.distributed.utils.log_utils's
+get_logger(name="root")): drivetrain's own lines keep their format beside it."""
+ignore_framework_log_format(PADDLE_ROOT_LOG_FORMAT)
 
 CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16", "bf16"),
