@@ -17,11 +17,10 @@ from typing import TextIO
 from ._driver import CONTRACT_VERSION
 from ._plugins import (
     KNOWN_BACKENDS,
-    checkout_install_hint,
     contract_problem,
     driver_not_found,
     get_registry,
-    install_hint,
+    known_install,
 )
 from ._version import __version__
 
@@ -53,10 +52,9 @@ def _backends(out: TextIO) -> int:
               + ", ".join(f"{n} ({dist})" for n, dist in sorted(registry.skipped.items())) + "\n")
     missing = [n for n in KNOWN_BACKENDS if n not in registry.specs and n not in registry.skipped]
     if missing:
-        write("\nnot installed: " + ", ".join(f"{n} ({install_hint(n)})" for n in missing) + "\n")
-        write('  (the "drivetrain[NAME]" commands work once the packages are published; until then:)\n')
+        write("\nnot installed: " + ", ".join(missing) + "\n")
         for name in missing:
-            write(f"  {name}: {checkout_install_hint(name)}\n")
+            write(f"  {name}: {known_install(name)}\n")
     if registry.broken:
         write("\nrefused plugins (skipped):\n")
         for name, error in registry.broken.items():

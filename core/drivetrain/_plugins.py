@@ -65,10 +65,18 @@ KNOWN_BACKENDS: dict[str, KnownBackend] = {
 
 
 def _install_sentence(name: str) -> str:
+    how = known_install(name)
+    return f"Install it {how}" if how.startswith("from ") else how[0].upper() + how[1:]
+
+
+def known_install(name: str) -> str:
+    """How to install known backend ``name`` today: the command that works from a checkout first, then the
+    package-index one for once drivetrain is published (or, for a framework without wheels for this Python,
+    what to do instead)."""
     how = install_hint(name)
     if not how.startswith("pip "):
-        return how[0].upper() + how[1:]
-    return f"Install it with: {how} once the packages are published; until then, {checkout_install_hint(name)}"
+        return how
+    return f"{checkout_install_hint(name)} (once drivetrain is published: {how})"
 
 
 def checkout_install_hint(name: str) -> str:
@@ -96,7 +104,8 @@ def install_hint(name: str) -> str:
     if known.max_python is not None and sys.version_info[:2] > known.max_python:
         newest = ".".join(map(str, known.max_python))
         return (f"no install works on this Python {platform.python_version()}: {known.why_not}. Create a Python "
-                f"{newest} environment and run there: {command}")
+                f"{newest} environment and install there {checkout_install_hint(name)} (once drivetrain is "
+                f"published: {command})")
     return command
 
 
@@ -138,9 +147,20 @@ class DriverSpec:
 
     @property
     def install_command(self) -> str:
-        """How to install this driver's backend: the spec's own ``install`` text, else the known backend's
-        pip command."""
-        return self.install or install_hint(self.name)
+        """How to install what this driver needs: the spec's own ``install`` text, else the known backend's
+        commands (the one that works from a checkout first), else a guessed ``pip install drivetrain-<name>``."""
+        if self.install:
+            return self.install
+        return known_install(self.name) if self.name in KNOWN_BACKENDS else install_hint(self.name)
+
+    @property
+    def upgrade_command(self) -> str:
+        """How to upgrade this driver's backend: from a checkout for a backend of this project's (not on a
+        package index yet), else its install command with ``--upgrade``."""
+        backend = next((name for name in KNOWN_BACKENDS if self.distribution == f"drivetrain-{name}"), None)
+        if backend is not None:
+            return f"in your drivetrain checkout, git pull, then pip install -e . -e backends/{backend}"
+        return f"{self.install or install_hint(self.name)} --upgrade"
 
     def framework_installed(self) -> bool:
         """Whether the framework module (``framework``) can be imported here; it is looked up, not imported."""
@@ -381,16 +401,30 @@ def contract_problem(spec: DriverSpec) -> str | None:
     if not spec.contract_versions:
         return (f"{package} declares no driver contract version; its DriverSpec must say "
                 f"contract_versions=({CONTRACT_VERSION},) if it implements drivetrain's contract version "
-                f"{CONTRACT_VERSION}. Upgrade {package} ({spec.install_command} --upgrade).")
+                f"{CONTRACT_VERSION}. Upgrade {package} ({spec.upgrade_command}).")
     if CONTRACT_VERSION in spec.contract_versions:
         return None
     versions = ", ".join(str(v) for v in sorted(spec.contract_versions))
     mine = f"drivetrain {__version__} implements driver contract version {CONTRACT_VERSION}"
     if max(spec.contract_versions) < CONTRACT_VERSION:
         return (f"{package} implements driver contract version(s) {versions}, older than {mine}. "
-                f"Upgrade the backend: {spec.install_command} --upgrade (or install an older drivetrain).")
+                f"Upgrade the backend: {spec.upgrade_command} (or install an older drivetrain).")
     return (f"{package} implements driver contract version(s) {versions}, newer than {mine}. "
-            f'Upgrade drivetrain: pip install --upgrade drivetrain (or install an older {package}).')
+            "Upgrade drivetrain: in your drivetrain checkout, git pull, then pip install -e . (once drivetrain is "
+            f"published: pip install --upgrade drivetrain), or install an older {package}.")
+
+
+def drivers_listing(specs: dict[str, DriverSpec]) -> str:
+    """``"installed drivers: numpy, torch."``: the drivers that can run here, then each installed driver whose
+    framework module is missing, with what to install (the torch backend declares ``deepspeed``, which
+    runs only once ``deepspeed`` itself is installed)."""
+    runnable = sorted(name for name, spec in specs.items() if spec.framework_installed())
+    listed = f"installed drivers: {', '.join(runnable) or 'none'}."
+    for name, spec in sorted(specs.items()):
+        if name not in runnable:
+            listed += (f" Driver {name!r} is installed too but cannot run: its framework module {spec.framework!r} "
+                       f"is missing ({spec.install_command}).")
+    return listed
 
 
 def driver_not_found(driver: str) -> DriverNotFoundError:
@@ -398,7 +432,7 @@ def driver_not_found(driver: str) -> DriverNotFoundError:
     else "unknown" with the closest installed or known name (shared by the Trainer and the CLI)."""
     registry = get_registry()
     installed = sorted(registry.specs)
-    listed = f"installed drivers: {', '.join(installed) or 'none'}."
+    listed = drivers_listing(registry.specs)
     broken = f" Plugins that failed to load: {', '.join(registry.broken)}." if registry.broken else ""
     if driver in KNOWN_BACKENDS:
         return DriverNotFoundError(f"driver={driver!r} is not installed; {listed} {_install_sentence(driver)}.{broken}")
@@ -409,7 +443,6 @@ def driver_not_found(driver: str) -> DriverNotFoundError:
 def resolve_spec(driver: str, model: Any) -> DriverSpec:
     """Find the spec for ``driver`` (a name or ``"auto"``), with errors that say what to do."""
     registry = get_registry()
-    installed = sorted(registry.specs)
     if not isinstance(driver, str):
         raise DriverNotFoundError(f"driver={driver!r} must be a driver name such as 'torch', or 'auto'.")
     if driver == "auto":
@@ -417,10 +450,9 @@ def resolve_spec(driver: str, model: Any) -> DriverSpec:
         if not claimed:
             raise DriverNotFoundError(
                 f"driver='auto' found no installed driver for a model of type "
-                f"{type(model).__module__}.{type(model).__qualname__}; installed drivers: "
-                f"{', '.join(installed) or 'none'}. Pass driver='<name>' or install the backend, "
-                f"e.g. {install_hint('torch')} once the packages are published, or "
-                f"{checkout_install_hint('torch')}."
+                f"{type(model).__module__}.{type(model).__qualname__}; {drivers_listing(registry.specs)} Pass "
+                f"driver='<name>' or install the backend, e.g. {checkout_install_hint('torch')} (once drivetrain "
+                f"is published: {install_hint('torch')})."
             )
         usable = [spec for spec in claimed if contract_problem(spec) is None and spec.framework_installed()]
         spec = (usable or claimed)[0]  # a usable one if any; else the first, whose error says what to fix
@@ -434,7 +466,7 @@ def resolve_spec(driver: str, model: Any) -> DriverSpec:
     if not spec.framework_installed():
         raise DriverNotFoundError(
             f"driver={spec.name!r} needs the framework module {spec.framework!r}, which is not installed. "
-            f"Install it with: {spec.install_command}."
+            f"To install it: {spec.install_command}."
         )
     return spec
 

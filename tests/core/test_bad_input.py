@@ -226,7 +226,8 @@ def test_a_backend_whose_framework_has_no_wheels_for_this_python_says_which_pyth
     monkeypatch.setattr("sys.version_info", (3, 11, 7, "final", 0))
     hint = install_hint("oneflow")
     assert hint.startswith("no install works on this Python") and "Python <= 3.10" in hint
-    assert "Create a Python 3.10 environment and run there: pip install \"drivetrain[oneflow]\" oneflow==0.9.0" in hint
+    assert ("Create a Python 3.10 environment and install there from a drivetrain checkout (Python 3.10): pip install "
+            "-c constraints.txt -e . -e backends/oneflow oneflow==0.9.0") in hint
     monkeypatch.setattr("sys.version_info", (3, 10, 13, "final", 0))
     assert install_hint("oneflow") == f'pip install "drivetrain[oneflow]" {known.framework_pin}'
     assert install_hint("mxnet") == "pip install drivetrain-mxnet"

@@ -194,7 +194,7 @@ def test_a_missing_dependency_names_the_install_line(monkeypatch, by_name) -> No
         assert MLflowLogger(tracking_uri="http://localhost:5000").tracking_uri == "http://localhost:5000"
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(ConfigurationError, match=r"needs mlflow(, sqlalchemy)?(, alembic)?, which (is|are) not installed: pip "
-                                                 r"install \"drivetrain\[mlflow\]\" \(or pip install mlflow-skinny"):
+                                                 r"install mlflow-skinny sqlalchemy alembic \(or, from a drivetrain checkout, pip install -e \"\.\[mlflow\]\"\)"):
         MLflowLogger()
     with pytest.raises(ConfigurationError, match=r"the 'mlflow' logger needs mlflow"):
         make_trainer(loggers=["mlflow"])

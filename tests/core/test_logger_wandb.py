@@ -264,7 +264,7 @@ def test_without_wandb_the_error_says_how_to_install_it(monkeypatch) -> None:
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
     with pytest.raises(ConfigurationError, match=r"the 'wandb' logger needs wandb, which is not installed: "
-                                                 r"pip install \"drivetrain\[wandb\]\" \(or pip install wandb\)"):
+                                                 r"pip install wandb \(or, from a drivetrain checkout, pip install -e \"\.\[wandb\]\"\)"):
         WandbLogger()
 
 

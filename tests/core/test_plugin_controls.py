@@ -179,7 +179,8 @@ def registered():
 def test_a_newer_contract_says_upgrade_drivetrain(registered):
     registered("future", (drivetrain.CONTRACT_VERSION + 1,))
     with pytest.raises(DriverNotFoundError, match=r"drivetrain-future implements driver contract version\(s\) 2, "
-                       r"newer than drivetrain .* version 1\. Upgrade drivetrain: pip install --upgrade drivetrain"):
+                       r"newer than drivetrain .* version 1\. Upgrade drivetrain: in your drivetrain checkout, git pull, "
+                       r"then pip install -e \. \(once drivetrain is published: pip install --upgrade drivetrain\)"):
         resolve_spec("future", None)
 
 

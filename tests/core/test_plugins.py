@@ -83,7 +83,9 @@ def test_cli_lists_backends_capabilities_and_broken_plugins(tmp_path):
     out = result.stdout
     assert "numpy" in out and "drivetrain-numpy 0.1.0" in out
     assert "precisions:   fp32" in out
-    assert 'jittor (pip install "drivetrain[jittor]")' in out  # a known backend not installed
+    # a known backend not installed: the command that works from a checkout first
+    assert ("jittor: from a drivetrain checkout: pip install -c constraints.txt -e . -e backends/jittor (once drivetrain "
+            'is published: pip install "drivetrain[jittor]")') in out
     assert "refused plugins (skipped):" in out and "RuntimeError: this plugin is broken on purpose" in out
     assert result.returncode == 1  # broken plugins make the command fail, so CI notices
 

@@ -158,7 +158,7 @@ def test_the_name_visualdl_writes_under_the_run_folder(tmp_path, monkeypatch) ->
 def test_a_missing_visualdl_names_the_install_line(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "visualdl", None)  # what an environment without it raises
     with pytest.raises(ConfigurationError, match=r"the 'visualdl' logger needs visualdl, which is not installed: "
-                                                 r"pip install \"drivetrain\[visualdl\]\" \(or pip install visualdl\)"):
+                                                 r"pip install visualdl \(or, from a drivetrain checkout, pip install -e \"\.\[visualdl\]\"\)"):
         VisualDLLogger()
 
 

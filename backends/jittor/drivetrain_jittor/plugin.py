@@ -14,7 +14,7 @@ from drivetrain.backend import driver_specs_hook
 
 TESTED_JITTOR = "1.3.11.0"
 """The jittor release drivetrain-jittor pins; "not installed" messages name the core's install line for jittor
-(``pip install "drivetrain[jittor]"``)."""
+(from a checkout ``pip install -c constraints.txt -e . -e backends/jittor``)."""
 
 CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16"),

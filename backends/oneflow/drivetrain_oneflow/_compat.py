@@ -15,13 +15,14 @@ SUPPORTED_ONEFLOW = "0.9.0"
 PYTHON_MIN = (3, 10)
 PYTHON_MAX = (3, 10)
 INSTALL = (
-    f'pip install "drivetrain[oneflow]" oneflow=={SUPPORTED_ONEFLOW} "numpy<2" '
-    "nvidia-cudnn-cu11==8.5.0.96 nvidia-cublas-cu11==11.10.3.66"
+    f'pip install oneflow=={SUPPORTED_ONEFLOW} "numpy<2" nvidia-cudnn-cu11==8.5.0.96 nvidia-cublas-cu11==11.10.3.66'
 )
-"""The install line measured to work (in a Python 3.10 environment), CPU-only machines included."""
+"""The framework's install line measured to work (in a Python 3.10 environment), CPU-only machines included;
+what an environment holding this backend still needs."""
 PYTHON_HINT = (
     "create a Python 3.10 environment (e.g. pyenv install 3.10.13; "
-    "$(pyenv root)/versions/3.10.13/bin/python -m venv .venv-oneflow) and run there: " + INSTALL
+    "$(pyenv root)/versions/3.10.13/bin/python -m venv .venv-oneflow) and run there, from a drivetrain checkout: "
+    "pip install -c constraints.txt -e . -e backends/oneflow, then " + INSTALL
 )
 
 

@@ -48,6 +48,9 @@ FSDP_CAPABILITIES = Capabilities(
     },
 )
 
+DEEPSPEED_INSTALL = 'pip install "deepspeed>=0.16" (from a drivetrain checkout: pip install -e "backends/torch[deepspeed]")'
+"""What driver='deepspeed' needs beside this backend (drivetrain-torch is not on a package index yet)."""
+
 DEEPSPEED_CAPABILITIES = Capabilities(
     precisions=("fp32", "fp16", "bf16"),
     distributed=("zero",),
@@ -56,8 +59,8 @@ DEEPSPEED_CAPABILITIES = Capabilities(
         "distributed": "DeepSpeed ZeRO stages 1-3 (optimizer state, + gradients, + parameters sharded), started "
         "like driver='torch' distributed (torchrun, the deepspeed launcher, nproc=N, device=[0, 1], your own "
         "process group) or in one process; the config in deepspeed_kwargs['config'] (dict or JSON file), filled "
-        "from the Trainer's precision, grad_clip, accumulation_steps and batch size. Needs "
-        "pip install 'drivetrain-torch[deepspeed]'.",
+        "from the Trainer's precision, grad_clip, accumulation_steps and batch size. Needs deepspeed: "
+        f"{DEEPSPEED_INSTALL}.",
         "bf16": "DeepSpeed's bf16 (weights in bfloat16, fp32 master weights in the optimizer); float batches are "
         "cast to bfloat16.",
         "fp16": "DeepSpeed's fp16 with its dynamic loss scaler (GPUs; DeepSpeed's CPU accelerator has no fp16).",
@@ -75,7 +78,7 @@ drivetrain_driver_specs = driver_specs_hook(
                              "capabilities": FSDP_CAPABILITIES},
               "deepspeed": {"factory": "drivetrain_torch.deepspeed:create_deepspeed_driver",
                             "capabilities": DEEPSPEED_CAPABILITIES, "framework": "deepspeed",
-                            "install": 'pip install "drivetrain-torch[deepspeed]"'}},
+                            "install": DEEPSPEED_INSTALL}},
 )
 """The torch driver's description (``seed_everything`` calls ``torch.manual_seed``, which seeds every CUDA device
 too, once torch is imported)."""

@@ -16,7 +16,7 @@ def _import_tqdm() -> Any:
     except ImportError:
         raise ConfigurationError(
             "progress_bar='tqdm' needs the tqdm package, which is not installed; "
-            "pip install tqdm (or pip install drivetrain[tqdm]), or use progress_bar='rich' or 'raw'."
+            "pip install tqdm, or use progress_bar='rich' or 'raw'."
         ) from None
 
 

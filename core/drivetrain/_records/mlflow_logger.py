@@ -22,7 +22,7 @@ from .._errors import ConfigurationError
 from .files import write_json
 from .logger import Logger, require_modules
 
-INSTALL = 'pip install "drivetrain[mlflow]" (or pip install mlflow-skinny sqlalchemy alembic)'
+INSTALL = 'pip install mlflow-skinny sqlalchemy alembic (or, from a drivetrain checkout, pip install -e ".[mlflow]")'
 RUN_FILE = "run.json"
 """In the logger's folder: the MLflow run a resumed run continues (``{"run_id": ..., ...}``)."""
 DB_FILE = "mlflow.db"

@@ -16,7 +16,7 @@ from typing import Any
 from .._errors import ConfigurationError
 from .files import read_csv_rows, read_jsonl_rows
 
-INSTALL = 'pip install "drivetrain[plot]" (or pip install matplotlib)'
+INSTALL = 'pip install matplotlib (or, from a drivetrain checkout, pip install -e ".[plot]")'
 
 
 def read_record(run_dir: str) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from .logger import Logger, dashboard_tag, require_modules
 
-INSTALL = 'pip install "drivetrain[tensorboard]" (or pip install tensorboardX)'
+INSTALL = 'pip install tensorboardX (or, from a drivetrain checkout, pip install -e ".[tensorboard]")'
 
 
 class TensorBoardLogger(Logger):

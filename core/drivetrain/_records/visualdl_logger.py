@@ -32,7 +32,7 @@ from typing import Any
 
 from .logger import Logger, dashboard_tag, require_modules
 
-INSTALL = 'pip install "drivetrain[visualdl]" (or pip install visualdl)'
+INSTALL = 'pip install visualdl (or, from a drivetrain checkout, pip install -e ".[visualdl]")'
 RECORD_MARK = "vdlrecords"  # VisualDL reads only files whose name holds this
 SUPERSEDED = "superseded"  # what a resumed run renames the file it continued to (VisualDL skips it)
 _LENGTH = struct.Struct("<Q")  # a VisualDL record: its length (8 bytes, little-endian), then the protobuf

@@ -19,7 +19,7 @@ from .._errors import ConfigurationError
 from .files import write_json
 from .logger import Logger, require_modules
 
-INSTALL = 'pip install "drivetrain[wandb]" (or pip install wandb)'
+INSTALL = 'pip install wandb (or, from a drivetrain checkout, pip install -e ".[wandb]")'
 RUN_FILE = "wandb_run.json"
 MODES = ("online", "offline", "disabled", "shared")
 RESUMES = ("rewind", "fork", "new")
