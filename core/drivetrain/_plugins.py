@@ -423,7 +423,7 @@ def drivers_listing(specs: dict[str, DriverSpec]) -> str:
     for name, spec in sorted(specs.items()):
         if name not in runnable:
             listed += (f" Driver {name!r} is installed too but cannot run: its framework module {spec.framework!r} "
-                       f"is missing ({spec.install_command}).")
+                       f"is missing. To install it: {spec.install_command}.")
     return listed
 
 

@@ -207,7 +207,7 @@ def test_the_unknown_driver_message_lists_only_drivers_that_can_run_and_what_the
         message = str(caught.value)
         assert "installed drivers: numpy." in message  # the ones that can run
         assert ("Driver 'ghostspeed' is installed too but cannot run: its framework module "
-                "'ghostspeed_not_installed' is missing (pip install ghostspeed).") in message
+                "'ghostspeed_not_installed' is missing. To install it: pip install ghostspeed.") in message
         assert "Did you mean 'numpy'?" in message
         with pytest.raises(DriverNotFoundError, match=r"driver='auto' found no installed driver .*installed drivers: "
                            r"numpy\. Driver 'ghostspeed' is installed too but cannot run"):
