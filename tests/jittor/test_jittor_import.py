@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from drivetrain_jittor._import import environment_defaults
+
+from .._signals import popen_interruptible, read_until
 
 pytestmark = pytest.mark.jittor
 
@@ -93,6 +94,9 @@ def test_a_slow_import_is_announced_with_its_duration():
 
 @pytest.mark.timeout(150)
 def test_ctrl_c_raises_keyboard_interrupt_and_a_killed_child_does_not_end_the_process():
+    """jittor's C handlers would end the process at once on SIGINT and on a child killed by a signal; after
+    import_jittor() Python's handlers are back. The child says when it waits inside the ``try`` (and which SIGINT
+    handler it has), so the signal is sent after that line and never races it."""
     code = """
         import os, signal, subprocess, sys, time
         from drivetrain_jittor import import_jittor
@@ -100,20 +104,21 @@ def test_ctrl_c_raises_keyboard_interrupt_and_a_killed_child_does_not_end_the_pr
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-        time.sleep(0.2)
         print("survived the killed child", flush=True)
         try:
+            print("sigint handler:", signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+            print("waiting for SIGINT", flush=True)
             time.sleep(30)
         except KeyboardInterrupt:
             print("KeyboardInterrupt", flush=True)
     """
     base = {k: v for k, v in os.environ.items() if k not in _JITTOR_ENV}
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=base)
+    proc = popen_interruptible([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=base)
     try:
-        line = proc.stdout.readline()
-        assert line.strip() == "survived the killed child", proc.stderr.read()[-2000:]
-        time.sleep(0.3)
+        read_until(proc, "survived the killed child", "after the killed child")
+        assert proc.stdout.readline().strip() == "sigint handler: True"
+        read_until(proc, "waiting for SIGINT", "before the SIGINT")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:

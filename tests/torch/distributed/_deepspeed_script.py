@@ -82,8 +82,10 @@ class WaitToBeKilled(Callback):
     def on_train_batch_begin(self, trainer, batch, indices) -> None:
         rank = trainer.driver.rank
         if trainer.global_forward_batches == 3 and rank == 1:
-            with open(os.path.join(self.out, f"pid-rank{rank}"), "w") as f:
+            path = os.path.join(self.out, f"pid-rank{rank}")
+            with open(path + ".tmp", "w") as f:  # renamed once written: the test reads it as soon as it exists
                 f.write(str(os.getpid()))
+            os.replace(path + ".tmp", path)
             time.sleep(3600)
 
 

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -282,8 +281,7 @@ def test_zero3_and_fsdp_resume_each_others_checkpoints(run) -> None:
 def test_a_killed_rank_ends_the_job_naming_it(tmp_path) -> None:
     group = ProcessGroup([sys.executable, SCRIPT, str(tmp_path), "kill", "--nproc", "2"], tmp_path)
     try:
-        wait_for_file(tmp_path / "pid-rank1", timeout=90)
-        time.sleep(0.5)
+        wait_for_file(tmp_path / "pid-rank1", timeout=90)  # written (whole) while rank 1 waits in batch 3
         os.kill(int((tmp_path / "pid-rank1").read_text()), signal.SIGKILL)
         done = group.wait(60)
     finally:

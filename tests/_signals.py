@@ -1,0 +1,32 @@
+"""Starting a child that a test will interrupt: with SIGINT at its default, whatever the test runner inherited.
+
+A process started in the background by a non-interactive shell, or by a CI service, may inherit SIGINT
+*ignored*; children inherit that too (``subprocess`` restores only SIGPIPE/SIGXFSZ), and Python then
+installs no KeyboardInterrupt handler, so a Ctrl-C test's SIGINT does nothing and the child sleeps on.
+That is what made the jittor Ctrl-C test fail in CI and pass when run by hand.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from typing import Any
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def popen_interruptible(args: Any, **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen`` whose child starts with SIGINT at its default (so Python raises KeyboardInterrupt)."""
+    return subprocess.Popen(args, preexec_fn=_default_sigint, **kwargs)  # noqa: PLW1509 - no threads started yet
+
+
+def read_until(proc: subprocess.Popen, wanted: str, what: str) -> None:
+    """Read the child's stdout until the line ``wanted`` (the child's own "I am ready" signal); fail with its
+    stderr if it ends or says something else first. No fixed sleep: the child says when it is ready."""
+    for line in proc.stdout:
+        if line.strip() == wanted:
+            return
+    raise AssertionError(f"{what}: the child ended before printing {wanted!r} (exit {proc.wait()}): "
+                         f"{proc.stderr.read()[-2000:]}")
