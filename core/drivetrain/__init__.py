@@ -18,6 +18,7 @@ from ._errors import (
     DrivetrainError,
     EarlyStopException,
     PluginLoadError,
+    TrainingTerminated,
 )
 from ._evaluator import Evaluator
 from ._events import Event
@@ -49,6 +50,7 @@ __all__ = [
     "DrivetrainError",
     "EarlyStopCallback",
     "EarlyStopException",
+    "TrainingTerminated",
     "Evaluator",
     "Event",
     "LRSchedulerCallback",

@@ -116,13 +116,21 @@ class CallbackManager:
         self.handlers[event.name].append(FilteredHandler(fn, event) if event.is_filtered else fn)
 
     def fire(self, name: str, trainer: Any, *args: Any) -> None:
+        """Call every handler of ``name``. A handler asking to stop (EarlyStopException) does not keep the event
+        from the handlers after it (the evaluation that stops a run reaches every logger and the history); the
+        stop is raised once they all ran."""
+        stop: EarlyStopException | None = None
         for handler in self.handlers[name]:
             try:
                 handler(trainer, *args)
-            except (EarlyStopException, CallbackError, ConfigurationError):
+            except EarlyStopException as exc:
+                stop = stop or exc
+            except (CallbackError, ConfigurationError):
                 raise  # already explain themselves: a configuration error names the argument to fix
             except Exception as exc:
                 raise _callback_error(handler, name, exc) from exc
+        if stop is not None:
+            raise stop
 
     def states(self, trainer: Any) -> dict[str, Any]:
         return {c.callback_name: c.on_save_checkpoint(trainer) for c in self.callbacks}

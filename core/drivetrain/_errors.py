@@ -34,3 +34,22 @@ class PluginLoadError(DrivetrainError, ImportError):
 
 class EarlyStopException(DrivetrainError):
     """Raised by a callback to end training cleanly; the Trainer catches it."""
+
+
+class TrainingTerminated(SystemExit):
+    """``Trainer.run()`` received SIGTERM (what SLURM, Kubernetes and ``kill`` send before killing).
+
+    Raised in the main thread so that ``on_exception`` handlers run (a CheckpointCallback with
+    ``save_on_exception=True`` writes its checkpoint) and ``on_train_end`` closes the records; then the
+    process ends with status 143 (128 + SIGTERM), as a process killed by SIGTERM would. A
+    ``SystemExit``, so an ``except Exception`` in user code does not swallow it.
+    """
+
+    def __init__(self, signum: int = 15) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        import signal
+
+        return f"{signal.Signals(self.signum).name} received: the process was asked to end"

@@ -87,9 +87,20 @@ class ReproducibleBatchSampler:
 
     def batches_left(self) -> int:
         """Batches the next iteration yields on this rank."""
-        remaining = self.dataset_len - self._start
-        full, rest = divmod(remaining, self.global_batch_size)
+        return self._batches_from(self._start)
+
+    def _batches_from(self, offset: int) -> int:
+        full, rest = divmod(max(0, self.dataset_len - offset), self.global_batch_size)
         return full if self.drop_last or not rest else full + 1
+
+    def batch_index_at(self, consumed_samples: int) -> int:
+        """The batch index (in this sampler's layout) an epoch resumed ``consumed_samples`` in starts at.
+
+        ``len(self)`` minus the batches left from that offset: a checkpoint taken at another world
+        size (another global batch) maps to the batch count of this layout, so the epoch still ends
+        after ``len(self)`` batches and every remaining sample is seen once.
+        """
+        return len(self) - self._batches_from(max(0, min(int(consumed_samples), self.dataset_len)))
 
     def order(self) -> np.ndarray:
         """The epoch's sample order before sharding: a permutation drawn from ``(seed, epoch)`` when
@@ -117,8 +128,8 @@ class ReproducibleBatchSampler:
             if self.drop_last:
                 return None
             if w > 1:  # every rank needs a batch of the same size: pad from the start of the order
-                per_rank = -(-len(chunk) // w)
-                chunk = np.concatenate([chunk, order[:per_rank * w - len(chunk)]])
+                per_rank = -(-len(chunk) // w)  # (cyclically: a dataset smaller than the world is repeated)
+                chunk = np.concatenate([chunk, np.resize(order, per_rank * w - len(chunk))])
         per_rank = len(chunk) // w
         return chunk[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
 

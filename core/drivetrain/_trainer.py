@@ -26,6 +26,7 @@ from ._evaluator import Evaluator
 from ._events import Event
 from ._log import check_log_level, logger
 from ._log import configure as configure_logging
+from ._loop_plan import ResumedFrom, plan_length
 from ._monitor import find_monitor_value
 from ._options import (
     build_driver,
@@ -39,7 +40,8 @@ from ._outputs import named_outputs, require_loss
 from ._param_matching import make_batch_namer, make_mapping_fn
 from ._progress import choose_progress
 from ._records.recorder import HistoryRecorder, RunRecorder
-from ._sampler import find_reproducible_sampler
+from ._sampler import ReproducibleBatchSampler, find_reproducible_sampler
+from ._signals import sigterm_raises
 from ._trainer_options import (
     Mappings,
     Records,
@@ -234,6 +236,8 @@ class Trainer:
         self._resume_batches = 0  # batches of the current epoch a resumed run starts after
         self._resume_samples: int | None = None  # the same position in samples, when a sampler tracks it
         self._epoch_start_batch = 0  # batch index the running epoch's iteration started at
+        self._ended: str | None = None  # how run() ended: "finished", "early_stopped" (checkpoints record it)
+        self._resumed: ResumedFrom | None = None  # the checkpoint run() resumed from, if any
 
     # ------------------------------------------------------------------ callbacks
     @classmethod
@@ -290,8 +294,11 @@ class Trainer:
         ``num_train_batch_per_epoch`` / ``num_eval_batch_per_dl`` shorten epochs and
         evaluations for a smoke run (-1 = full); ``num_eval_sanity_batch`` batches are
         evaluated before training to catch evaluation bugs early (0 = skip).
-        ``catch_KeyboardInterrupt`` (default: True for a single process) ends training
-        quietly on Ctrl-C instead of raising. ``resume_from`` is a checkpoint folder, or a
+        On Ctrl-C the interrupt propagates once ``on_exception`` handlers (a CheckpointCallback's
+        ``save_on_exception``) and ``on_train_end`` ran, so the script stops and exits 130 like any
+        Python program; ``catch_KeyboardInterrupt=True`` (fastNLP's habit) returns quietly instead.
+        SIGTERM (sent by SLURM, Kubernetes, ``kill``) raises :class:`TrainingTerminated` the same way
+        (exit status 143). ``resume_from`` is a checkpoint folder, or a
         folder of checkpoints (the newest complete one is taken); see :meth:`load_checkpoint`.
         The string ``"latest"`` takes the newest training checkpoint over the folders of the trainer's
         CheckpointCallback(s) and starts fresh when there is none yet, so one command line serves the
@@ -303,16 +310,21 @@ class Trainer:
         if self._has_run:
             raise ConfigurationError("Trainer.run() was already called; build a new Trainer to train again.")
         self._has_run = True
-        if catch_KeyboardInterrupt is None:
-            catch_KeyboardInterrupt = not self.driver.is_distributed()
         self.num_eval_batch_per_dl = num_eval_batch_per_dl
         if num_train_batch_per_epoch != -1:
             self.dataloader = TruncatedLoader(self.dataloader, num_train_batch_per_epoch)
         self.num_batches_per_epoch = loader_length(self.dataloader)
-        self._plan_length()
         resume_folder = self._latest_checkpoint() if resume_from == RESUME_LATEST else resume_from
         if resume_folder is not None:
             self.load_checkpoint(resolve_resume_folder(resume_folder), resume_training=resume_training)
+        self._plan_length()
+        if self._resumed is not None and not self._resumed.has_work(self, latest=resume_from == RESUME_LATEST):
+            return  # said why in one line; nothing is fired, so no checkpoint or run record is touched
+        with sigterm_raises():
+            self._run_loop(num_eval_sanity_batch, bool(catch_KeyboardInterrupt))
+
+    def _run_loop(self, num_eval_sanity_batch: int, catch_keyboard_interrupt: bool) -> None:
+        """The epochs, with the events around them, and how each way of ending is reported."""
         try:
             if self.evaluator is not None and num_eval_sanity_batch > 0:
                 self.fire("on_sanity_check_begin")
@@ -322,17 +334,21 @@ class Trainer:
             self.driver.barrier()
             while (self.n_epochs is None or self.cur_epoch_idx < self.n_epochs) and not self._reached_n_batches():
                 self._run_epoch()
+                if self._in_epoch:  # ended by n_batches before the epoch's end
+                    break
                 self.cur_epoch_idx += 1
                 self.fire("on_train_epoch_end")
                 if self._evaluate_every_epochs and self.cur_epoch_idx % self._evaluate_every_epochs == 0:
                     self._evaluate()
+            self._ended = "finished"
         except EarlyStopException as exc:
+            self._ended = "early_stopped"
             self.fire("on_exception", exc)
         except KeyboardInterrupt as exc:
             self._failed_by = exc
             self.driver.on_exception()
             self.fire("on_exception", exc)
-            if not catch_KeyboardInterrupt:
+            if not catch_keyboard_interrupt:
                 raise
         except BaseException as exc:
             self._failed_by = exc
@@ -380,14 +396,12 @@ class Trainer:
         return folder
 
     def _plan_length(self) -> None:
-        """Work out ``n_batches`` from ``n_epochs`` (or the reverse) once the epoch length is known."""
-        per_epoch = self.num_batches_per_epoch
-        if self._requested_n_batches == -1:
-            self.n_batches = None if per_epoch is None else per_epoch * self._requested_n_epochs
-        elif per_epoch:
-            self.n_epochs = -(-self._requested_n_batches // per_epoch)
-        else:
-            self.n_epochs = None  # an iterable without len: epochs end when n_batches is reached
+        """Work out ``n_batches`` from ``n_epochs`` (or the reverse) once the epoch length and the start are
+        known; a resumed run counts from its position in this run's layout (see :mod:`._loop_plan`)."""
+        length = plan_length(requested_epochs=self._requested_n_epochs, requested_batches=self._requested_n_batches,
+                             per_epoch=self.num_batches_per_epoch, epoch=self.cur_epoch_idx,
+                             steps=self.global_forward_batches, start_batch=self._resume_start_batch())
+        self.n_epochs, self.n_batches = length.n_epochs, length.n_batches
 
     def _reached_n_batches(self) -> bool:
         return self.n_batches is not None and self.global_forward_batches >= self.n_batches
@@ -409,22 +423,37 @@ class Trainer:
         for _ in range(self._batches_to_skip(start)):  # only for dataloaders without a reproducible sampler
             next(iterator, None)
         self._in_epoch = True
-        self._run_batches(iterator)
-        self._in_epoch = False
+        data_ran_out = self._run_batches(iterator)
+        # n_batches reached inside the epoch: it stays open, so a checkpoint taken now (`last`) resumes inside it
+        per_epoch = self.num_batches_per_epoch
+        self._in_epoch = not data_ran_out and (per_epoch is None or self.batch_idx_in_epoch < per_epoch)
         if self.accumulation_steps > 1 and self._unstepped_gradients:
             self._step_cut_short_cycle()
 
+    def _resume_offset(self) -> tuple[ReproducibleBatchSampler, int] | None:
+        """The sampler and the resumed epoch's consumed samples it continues from (None: no reproducible
+        sampler, or nothing to resume inside an epoch)."""
+        sampler = self._sampler
+        if sampler is None or not (self._resume_batches or self._resume_samples):
+            return None
+        return sampler, (self._resume_samples if self._resume_samples is not None else
+                         self._resume_batches * sampler.global_batch_size)
+
+    def _resume_start_batch(self) -> int:
+        """The batch of the current epoch a resumed run starts at, in this run's layout (0 for a fresh run).
+
+        With a reproducible sampler it is re-derived from the saved global sample offset, so a checkpoint of
+        another world size (another number of batches per epoch) starts at the same sample.
+        """
+        resumed = self._resume_offset()
+        return self._resume_batches if resumed is None else resumed[0].batch_index_at(resumed[1])
+
     def _take_resume_position(self) -> int:
         """Batches of this epoch a resumed run has done already (0 otherwise); used once, then cleared."""
-        start, self._resume_batches = self._resume_batches, 0
-        if self._sampler is not None and (start or self._resume_samples):
-            # Continue from the saved global sample offset; with another world size the
-            # batch count of the epoch changes, so the position is re-derived from it.
-            offset = self._resume_samples if self._resume_samples is not None else (
-                start * self._sampler.global_batch_size)
-            self._sampler.resume(self.cur_epoch_idx, offset)
-            start = len(self._sampler) - self._sampler.batches_left()
-        self._resume_samples = None
+        start, resumed = self._resume_start_batch(), self._resume_offset()
+        if resumed is not None:
+            resumed[0].resume(self.cur_epoch_idx, resumed[1])
+        self._resume_batches, self._resume_samples = 0, None
         return start
 
     def _epoch_stop(self, start: int) -> int | None:
@@ -447,8 +476,9 @@ class Trainer:
         )
         return start
 
-    def _run_batches(self, iterator: Iterator[Any]) -> None:
-        """The per-batch loop, in the order of events of DESIGN.md.
+    def _run_batches(self, iterator: Iterator[Any]) -> bool:
+        """The per-batch loop, in the order of events of DESIGN.md; True when the data ran out (else the
+        epoch's planned end was reached).
 
         The hot path: everything it needs is looked up once into locals, and each event
         is fired only when a handler listens to it.
@@ -471,7 +501,7 @@ class Trainer:
             try:
                 batch = next(iterator)
             except StopIteration:
-                break
+                return True
             self._mid_batch = True
             if fetch_end:
                 fire("on_fetch_data_end")
@@ -497,7 +527,7 @@ class Trainer:
                     every_fn is not None and every_fn(self)):
                 self._evaluate()
             if stop_at is not None and self.batch_idx_in_epoch >= stop_at:
-                break
+                return False
 
     def _step_cut_short_cycle(self) -> None:
         """The data ran out inside an accumulation cycle (a dataloader without len): apply what was accumulated."""

@@ -253,7 +253,11 @@ def main(argv: list[str]) -> int:
         trainer.add_callback_fn(Event.on_train_batch_begin(), lambda t, batch, indices: time.sleep(step_delay))
     trainer.add_callback_fn(Event.on_train_batch_end(), save_and_rotate)
     resume = args.resume and bool(list_checkpoints(ckpt_dir))
+    begun = []
+    trainer.add_callback_fn(Event.on_train_begin(), lambda t: begun.append(True))
     trainer.run(resume_from=ckpt_dir if resume else None, num_eval_sanity_batch=0)
+    if not begun:  # the kill came after the final checkpoint: its resume has nothing to train (no on_train_begin)
+        announce(trainer)
 
     params = final_params()
     tmp = f"{args.out_file}.tmp-{os.getpid()}.npz"

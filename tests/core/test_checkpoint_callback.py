@@ -175,17 +175,17 @@ def test_folder_names_sort_in_step_order(tmp_path):
     make_trainer([CheckpointCallback(tmp_path, every_n_batches=9, save_last=False)], n_batches=108).run()
     names = listing(tmp_path)  # sorted as strings
     assert [_manifest(tmp_path / n)["trainer"]["global_forward_batches"] for n in names] == list(range(9, 109, 9))
-    assert names[0] == "step_00000009-epoch_0-batch_9" and names[-1] == "step_00000108-epoch_9-batch_0"
+    assert names[0] == "step_00000009-epoch_0-batch_9" and names[-1] == "step_00000108-epoch_8-batch_4"
 
 
 def test_resume_picks_the_newest_step_whatever_the_names(tmp_path):
     """Folders named the old way (epoch_{e}-batch_{b}-step_{s}) sit next to new ones: the manifests decide."""
     make_trainer([CheckpointCallback(tmp_path, every_n_batches=1, save_last=False)], n_batches=10).run()
     # As strings, the old name of the newest checkpoint sorts before every new name.
-    os.rename(tmp_path / "step_00000010-epoch_1-batch_0", tmp_path / "epoch_1-batch_0-step_10")
-    assert listing(tmp_path)[0] == "epoch_1-batch_0-step_10"
+    os.rename(tmp_path / "step_00000010-epoch_0-batch_10", tmp_path / "epoch_0-batch_10-step_10")
+    assert listing(tmp_path)[0] == "epoch_0-batch_10-step_10"
     begins = []
-    resumed = make_trainer(n_epochs=1)
+    resumed = make_trainer(n_epochs=2)
     resumed.add_callback_fn(Event.on_train_begin(), lambda t: begins.append(t.global_forward_batches))
     resumed.run(resume_from=tmp_path)
     assert begins == [10]
@@ -221,7 +221,8 @@ def interrupt_at_18(trainer):
 
 @pytest.mark.parametrize("where", ["after a batch", "inside a save"])
 def test_keyboard_interrupt_keeps_the_last_checkpoint_and_says_what_stopped_training(where, tmp_path):
-    """Ctrl-C at batch 18 (epoch 2): run() returns, the summary says so, the checkpoint of step 15 resumes."""
+    """Ctrl-C at batch 18 (epoch 2): the summary says so, the interrupt reaches the caller, the checkpoint of
+    step 15 resumes."""
     log = io.StringIO()
     callbacks = [CheckpointCallback(tmp_path, every_n_batches=3, save_total_limit=2),
                  RawTextProgress(print_every=100, file=log)]
@@ -230,7 +231,8 @@ def test_keyboard_interrupt_keeps_the_last_checkpoint_and_says_what_stopped_trai
     trainer = make_trainer(callbacks)
     if where == "after a batch":  # after the CheckpointCallback marked the save of step 18 as due
         trainer.add_callback_fn(Event.on_train_batch_end(), interrupt_at_18)
-    trainer.run()  # catch_KeyboardInterrupt: True for a single process
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
     summary = log.getvalue().splitlines()[-1]
     assert summary.startswith("training stopped at step 18 (epoch 2) by KeyboardInterrupt; after "), summary
     assert "finished" not in log.getvalue()

@@ -188,7 +188,9 @@ def test_n_batches_overrides_epochs(regression):
     trainer = Trainer(model, loader, opt, driver="numpy", n_batches=11, progress_bar=None)
     trainer.run()
     assert trainer.global_forward_batches == 11
-    assert trainer.cur_epoch_idx == 2  # 8 batches per epoch: epoch 2 stopped after 3
+    # 8 batches per epoch: the epoch of index 1 stopped after 3, and stays the current one (a checkpoint now
+    # resumes inside it)
+    assert (trainer.cur_epoch_idx, trainer.batch_idx_in_epoch) == (1, 3)
 
 
 def test_num_train_batch_per_epoch_truncates(regression):
@@ -343,7 +345,7 @@ def test_iterable_without_len_stops_on_n_batches(regression):
     trainer = Trainer(model, Stream(), opt, driver="numpy", n_batches=13, progress_bar="raw")
     trainer.run()
     assert trainer.global_forward_batches == 13
-    assert trainer.n_epochs is None and trainer.cur_epoch_idx == 2
+    assert trainer.n_epochs is None and trainer.cur_epoch_idx == 1
 
 
 def test_rank_zero_only_function_callbacks_are_skipped_on_other_ranks():

@@ -67,10 +67,11 @@ class EarlyStopCallback(Callback):
             return
         self.wait += 1
         if self.wait >= self.patience:
+            # no closing full stop: the summary line goes on after this message with "; "
             raise EarlyStopException(
                 f"{_OWNER}: no improvement of the monitored value by more than {self.min_delta:g} in "
-                f"{self.wait} evaluation(s) (best {self.best}, last {value}); stopping at batch "
-                f"{trainer.global_forward_batches}."
+                f"{self.wait} evaluation(s) (best {self.best:.4g}, last {value:.4g}) at step "
+                f"{trainer.global_forward_batches}"
             )
 
     def on_save_checkpoint(self, trainer: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from .._loop_plan import ResumedFrom
 from .folder import (
     CheckpointError,
     read_checkpoint,
@@ -66,7 +67,8 @@ def _loop_settings(trainer: Trainer) -> dict[str, Any]:
     """What the manifest records about the run beside its position (for people reading it)."""
     failed = trainer._failed_by
     return {"at_batch_boundary": not trainer._mid_batch,
-            "after_exception": None if failed is None else type(failed).__name__, "n_epochs": trainer.n_epochs, "n_batches": trainer.n_batches,
+            "after_exception": None if failed is None else type(failed).__name__, "ended": trainer._ended,
+            "n_epochs": trainer.n_epochs, "n_batches": trainer.n_batches,
             "accumulation_steps": trainer.accumulation_steps, "world_size": trainer.driver.world_size}
 
 
@@ -106,6 +108,7 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
     driver.load_precision_state(state["precision"])
     trainer.callback_manager.load_states(trainer, {**state["callbacks"], **decoded.pickled})
     trainer._resume_at(state["position"])
+    trainer._resumed = ResumedFrom.from_manifest(loaded.folder, loaded.manifest.get("trainer", {}))
     if trainer._sampler is not None and state["sampler"] is not None:
         trainer._sampler.load_state_dict(state["sampler"])
     trainer.fire("on_load_checkpoint", state["callbacks"])

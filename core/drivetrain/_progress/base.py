@@ -16,6 +16,7 @@ import numpy as np
 
 from .._callbacks import Callback
 from .._errors import ConfigurationError, EarlyStopException
+from .._loop_plan import epoch_of_last_step
 from .._param_matching import loss_of
 
 
@@ -112,9 +113,7 @@ class ProgressCallback(Callback):
         if exc is None:
             parts = [f"training finished: {steps} steps" + (f" in {took}" if took else "")]
         else:
-            # The epoch the last step belongs to: the running one, or the one just completed.
-            epoch = trainer.cur_epoch_idx + 1 if self._in_epoch else max(trainer.cur_epoch_idx, 1)
-            where = f"at step {steps} (epoch {epoch})"
+            where = f"at step {steps} (epoch {epoch_of_last_step(trainer, self._in_epoch)})"
             if isinstance(exc, EarlyStopException):
                 parts = [f"training stopped early {where}" + (f": {first_line(exc)}" if first_line(exc) else "")]
             else:

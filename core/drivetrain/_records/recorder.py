@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from .._callbacks import Callback
-from .._errors import EarlyStopException
+from .._errors import EarlyStopException, TrainingTerminated
 from .._log import logger as log
+from .._loop_plan import epoch_of_last_step
 from .._param_matching import loss_of
 from .logger import Logger
 
@@ -88,11 +89,13 @@ class RunRecorder(HistoryRecorder):
         self._window_first = 0
         self._start = 0.0
         self._flushed = 0.0
+        self._seconds_before = 0.0  # training time of the run before the checkpoint this one resumed from
 
     # ---------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, trainer: Any) -> Any:
         self._flush(time.perf_counter())  # on disk before the checkpoint: a resume keeps every row up to it
-        return {"run_dir": self.run_dir, "step": trainer.global_forward_batches, **super().on_save_checkpoint(trainer)}
+        return {"run_dir": self.run_dir, "step": trainer.global_forward_batches, "seconds": self._seconds_total(),
+                **super().on_save_checkpoint(trainer)}
 
     def on_load_checkpoint(self, trainer: Any, states: Any) -> None:
         super().on_load_checkpoint(trainer, states)
@@ -101,6 +104,7 @@ class RunRecorder(HistoryRecorder):
         if not self._explicit_dir and states.get("run_dir"):
             self.run_dir = str(states["run_dir"])  # the resumed run appends to the record it continues
         self._resume_step = int(states.get("step", 0))
+        self._seconds_before = float(states.get("seconds", 0.0))
 
     # ------------------------------------------------------------------ lifecycle
     def on_train_begin(self, trainer: Any) -> None:
@@ -122,14 +126,21 @@ class RunRecorder(HistoryRecorder):
     def on_train_end(self, trainer: Any) -> None:
         if trainer.global_forward_batches > self._window_first and self._losses:
             self._log_window(trainer)
-        summary = {"step": trainer.global_forward_batches, "epoch": trainer.cur_epoch_idx,
-                   "seconds": round(time.perf_counter() - self._start, 3), **self._last("train"),
-                   **self._last("evaluate")}
+        # "epoch" is the one the summary line names (the epoch of the last step, 1-based); "seconds" counts
+        # this run() alone, "seconds_total" the whole run across its resumes
+        summary = {"step": trainer.global_forward_batches, "epoch": epoch_of_last_step(trainer, trainer._in_epoch),
+                   "seconds": round(time.perf_counter() - self._start, 3),
+                   "seconds_total": round(self._seconds_total(), 3), **self._last("train"), **self._last("evaluate")}
+        if self._resume_step is not None:
+            summary["resumed_at_step"] = self._resume_step
         self._each("close", self._status, summary)
         self.loggers = []  # closed: evaluations after run() go to the history only
 
+    def _seconds_total(self) -> float:
+        return self._seconds_before + (time.perf_counter() - self._start if self._start else 0.0)
+
     def on_exception(self, trainer: Any, exception: BaseException) -> None:
-        stopped = isinstance(exception, (EarlyStopException, KeyboardInterrupt))
+        stopped = isinstance(exception, (EarlyStopException, KeyboardInterrupt, TrainingTerminated))
         self._status = "stopped" if stopped else "failed"
 
     # ------------------------------------------------------------------- hot path
