@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -214,16 +213,6 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
             self.optimizers = [base]
             if not self._order:  # the config's optimizer: built over every trainable parameter, in order
                 self._order = [[name for name, p in module.named_parameters() if p.requires_grad]]
-
-    def _start_process_group(self) -> None:
-        """A world of one (``launch='single'``) needs no rendezvous: an in-process store."""
-        plan = self.plan
-        if plan.launch != "single":
-            super()._start_process_group()
-            return
-        with self._collective("starting a process group of one"):
-            dist.init_process_group(backend=plan.backend, store=dist.HashStore(), rank=0, world_size=1,
-                                    timeout=datetime.timedelta(seconds=plan.timeout))
 
     # ---------------------------------------------------------------------- model
     def get_model_call_fn(self, fn_name: str | None, default: str = "train_step") -> tuple[Callable, Callable]:

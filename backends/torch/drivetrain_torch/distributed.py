@@ -145,6 +145,10 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
         if plan.backend == "nccl":
             options["device_id"] = plan.device  # binds the communicator to this GPU at once
         what = "starting the process group"
+        if plan.launch == "single":  # a world of one (the sharding drivers in one process): nothing to meet
+            with self._collective("starting a process group of one (a world of one)"):
+                dist.init_process_group(store=dist.HashStore(), **options)
+            return
         if plan.launch == "env":
             with self._collective(f"{what} (torchrun's MASTER_ADDR/MASTER_PORT)"):
                 if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and plan.master is not None:

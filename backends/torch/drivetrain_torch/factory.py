@@ -25,4 +25,4 @@ create_driver = module_driver_factory(TorchSingleDriver, planned_distributed(
 
 create_fsdp_driver = module_driver_factory(TorchSingleDriver, planned_distributed(
     "drivetrain_torch._fsdp_plan:plan_fsdp", "drivetrain_torch.fsdp:TorchFSDPDriver"))
-"""Build the ``torch_fsdp`` driver (its options arrive from ``torch_fsdp_kwargs=``); one process is refused."""
+"""Build the ``torch_fsdp`` driver (its options arrive from ``torch_fsdp_kwargs=``); one process is a world of one."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -107,18 +106,6 @@ class TorchFSDPDriver(TorchDDPDriver):
                 self._shard(module)
         self._sharded = True
         self._rebind_optimizers(names)
-
-    def _start_process_group(self) -> None:
-        """One process (``launch='single'``) starts a group of itself alone, on an in-process store: nothing
-        to meet, no port taken; torchrun's, the Trainer's own processes and the user's group as for DDP."""
-        plan = self.plan
-        if plan.launch != "single":
-            super()._start_process_group()
-            return
-        bound = {"device_id": plan.device} if plan.backend == "nccl" else {}  # the communicator on this GPU at once
-        with self._collective("starting a process group of one (a world of one)"):
-            dist.init_process_group(plan.backend, store=dist.HashStore(), rank=0, world_size=1,
-                                    timeout=datetime.timedelta(seconds=plan.timeout), **bound)
 
     def _initialise_shards(self, module: torch.nn.Module) -> None:
         """Fill the freshly allocated shards: the user's ``init`` callable, else every submodule's

@@ -349,5 +349,7 @@ def test_the_driver_is_registered_with_its_install_command() -> None:
 
     spec = available_drivers()["deepspeed"]
     assert spec.framework == "deepspeed" and spec.factory == "drivetrain_torch.deepspeed:create_deepspeed_driver"
-    assert spec.install_command == 'pip install "drivetrain-torch[deepspeed]"'
+    # the framework's own command first (the backend is installed when this is read), then the checkout's
+    assert spec.install_command.startswith('pip install "deepspeed>=')
+    assert 'pip install -e "backends/torch[deepspeed]"' in spec.install_command
     assert spec.capabilities.distributed == ("zero",) and not spec.claims(torch.nn.Linear(1, 1))
