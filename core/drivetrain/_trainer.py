@@ -720,6 +720,30 @@ class Trainer:
         """
         trainer_io.load_model(self, folder)
 
+    @property
+    def best_checkpoint(self) -> str | None:
+        """The folder (absolute path) of the best top-k checkpoint, or None when there is none yet.
+
+        It belongs to the first CheckpointCallback in ``callbacks=`` with ``topk >= 1`` and is ranked by
+        that callback's monitor and direction (another callback's best: its own ``best_checkpoint``). It
+        counts the checkpoints saved in this run and those a loaded checkpoint listed, so it holds after a
+        resume; every rank of a distributed run holds the same one.
+        """
+        from ._callbacks_lib.checkpoint import best_checkpoint
+
+        return best_checkpoint(self)
+
+    def load_best_model(self) -> str:
+        """Load the weights of :attr:`best_checkpoint` into the model (as :meth:`load_model`); returns its folder.
+
+        A :class:`ConfigurationError` names the fix when no CheckpointCallback keeps top-k checkpoints or
+        none is saved yet. In a distributed run every rank calls it and loads the folder rank 0 names.
+        ``CheckpointCallback(topk=k, load_best_model_at_end=True)`` does this when training ends.
+        """
+        from ._callbacks_lib.checkpoint import load_best_model
+
+        return load_best_model(self)
+
 
 def _backend_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The ``<driver>_kwargs`` dicts; any other unknown keyword is a misspelt argument."""

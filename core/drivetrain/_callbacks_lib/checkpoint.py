@@ -12,12 +12,13 @@ import enum
 import math
 import os
 import re
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from .._callbacks import Callback
-from .._checkpoint.folder import remove_checkpoint
+from .._checkpoint.folder import CheckpointError, remove_checkpoint
 from .._errors import ConfigurationError, EarlyStopException
 from ._args import (
     check_bool,
@@ -55,19 +56,45 @@ class _Due:
     best: float | None = None  # the best top-k value evaluated at this step
 
 
+@dataclass
+class _Timer:
+    """``every_n_seconds``: the clock reading the interval counts from, and (distributed) when to check next."""
+
+    since: float = 0.0  # when training began or the last periodic save was written
+    next_check: int = 0  # distributed: the step of the next shared check (the same on every rank)
+    checked_at: tuple[float, int] = (0.0, 0)  # rank 0: (clock, step) of its previous check, for the pace
+
+    def start(self, now: float, step: int) -> None:
+        self.since, self.next_check, self.checked_at = now, step + 1, (now, step)
+
+    def decide(self, now: float, step: int, interval: float) -> tuple[bool, int]:
+        """Rank 0: (save now?, batches until the next check), the latter after about half the time left."""
+        last_time, last_step = self.checked_at
+        self.checked_at = (now, step)
+        left = interval - (now - self.since)
+        if left <= 0:
+            return True, 1  # the save resets ``since``; the next check measures the pace again
+        pace = (now - last_time) / max(step - last_step, 1)  # seconds per batch since the previous check
+        return False, max(1, int(left / 2 / pace)) if pace > 0 else 1
+
+
 class CheckpointCallback(Callback):
     """Save checkpoints into sub-folders of ``folder`` while training.
 
-    - ``every_n_batches`` / ``every_n_epochs``: periodic ``step_{s}-epoch_{e}-batch_{b}``
+    - ``every_n_batches`` / ``every_n_epochs`` / ``every_n_seconds``: periodic ``step_{s}-epoch_{e}-batch_{b}``
       (``s`` batches in all, zero-padded to 8 digits so that names sort in step order;
-      ``e`` epochs and ``b`` batches of the next one done); at most ``save_total_limit``
-      of them are kept, the oldest deleted first;
+      ``e`` epochs and ``b`` batches of the next one done); at most ``keep_last_n``
+      (Hugging Face's name: ``save_total_limit``) of them are kept, the oldest deleted first.
+      ``every_n_seconds`` makes a save due at the end of the first batch that ends ``S`` seconds of
+      wall time after training began (or resumed) or after the last periodic save was written;
     - ``save_last``: ``last``, when training ends normally (finished or early-stopped);
     - ``save_on_exception``: ``exception-step_{s}`` (padded likewise) when training raises (best effort:
       the state may be mid-batch, so it is for salvage rather than exact resume; in
       distributed training it waits for every rank, so only when all of them fail);
     - ``topk``: the ``topk`` best evaluations by ``monitor``, as
       ``topk-{monitor}_{value}-step_{s}`` (padded); ``monitor``/``larger_better`` default to the Trainer's.
+      :attr:`best_checkpoint` is the best of them; ``load_best_model_at_end=True`` loads its weights
+      into the model when training ends normally (after ``last`` is written).
 
     ``save_object="trainer"`` writes full checkpoints (resumable, see
     ``Trainer.save_checkpoint``); ``"model"`` writes only ``model.safetensors``
@@ -81,6 +108,14 @@ class CheckpointCallback(Callback):
     nothing and skips nothing. The list of checkpoints this callback manages travels
     in its own checkpoint state, so a resumed run continues the same rotation and top-k.
 
+    The clock of ``every_n_seconds``: a single process reads :attr:`clock` (``time.monotonic``;
+    a test may replace it on an instance) after every batch. In a distributed run rank 0's clock
+    decides and a broadcast shares its decision, so every rank saves at the same step; to keep
+    collectives off most batches, each check also tells every rank when to check next: after about
+    half the time left until the save is due, at the pace rank 0 measured since its previous check
+    (at least one batch). So a run makes a few checks per interval (about log2 of the batches in it),
+    and a save comes at most about a batch late unless batches become more than twice as slow.
+
     Its state: the phase of the run (:class:`_Phase`), the saves that are due
     (:class:`_Due`), and the checkpoints it keeps (``_periodic``, ``_best``). The events:
 
@@ -88,15 +123,18 @@ class CheckpointCallback(Callback):
     on_train_begin        any phase -> BETWEEN_EPOCHS; nothing due
     on_train_epoch_begin  write what is due (at the epoch's start) -> IN_EPOCH
     on_fetch_data_begin   write what is due (after the batches done), if anything is
-    on_train_batch_end    a periodic save is due every ``every_n_batches`` batches
+    on_train_batch_end    a periodic save is due every ``every_n_batches`` batches, or once
+                          ``every_n_seconds`` have passed
     on_train_epoch_end    IN_EPOCH -> BETWEEN_EPOCHS; a periodic save is due every ``every_n_epochs``
     on_evaluate_end       a top-k value is due (saved at once in IDLE)
     on_exception          (not EarlyStopException) -> FAILED; write ``exception-...`` if asked
-    on_train_end          -> IDLE; unless FAILED, write what is due, then ``last``
+    on_train_end          -> IDLE; unless FAILED, write what is due, then ``last``, then load the
+                          best weights if ``load_best_model_at_end``
     ====================  =====================================================================
     """
 
     rank_zero_only = False  # every rank must call save_checkpoint (it writes on rank 0 and waits)
+    clock = staticmethod(time.monotonic)  # what every_n_seconds reads (rank 0's, in distributed runs)
 
     def __init__(
         self,
@@ -104,27 +142,36 @@ class CheckpointCallback(Callback):
         *,
         every_n_batches: int | None = None,
         every_n_epochs: int | None = None,
+        every_n_seconds: float | None = None,
         save_last: bool = True,
         save_on_exception: bool = False,
         topk: int = 0,
         monitor: Any = None,
         larger_better: bool | None = None,
         save_object: str = "trainer",
+        keep_last_n: int | None = None,
         save_total_limit: int | None = None,
+        load_best_model_at_end: bool = False,
         allow_pickle: bool = False,
     ) -> None:
-        _check_options(folder, every_n_batches, every_n_epochs, save_last, save_on_exception, topk, monitor,
-                       larger_better, save_object, save_total_limit, allow_pickle)
+        limit_name, limit = _keep_last_n(keep_last_n, save_total_limit)
+        _check_options(folder, every_n_batches=every_n_batches, every_n_epochs=every_n_epochs,
+                       every_n_seconds=every_n_seconds, save_last=save_last, save_on_exception=save_on_exception,
+                       topk=topk, monitor=monitor, larger_better=larger_better, save_object=save_object,
+                       limit_name=limit_name, limit=limit, load_best_model_at_end=load_best_model_at_end,
+                       allow_pickle=allow_pickle)
         self.folder = os.path.abspath(os.fspath(folder))
         self.every_n_batches = every_n_batches
         self.every_n_epochs = every_n_epochs
+        self.every_n_seconds = every_n_seconds
         self.save_last = save_last
         self.save_on_exception = save_on_exception
         self.topk = topk
         self.monitor = monitor
         self.larger_better = larger_better
         self.save_object = save_object
-        self.save_total_limit = save_total_limit
+        self.keep_last_n: int | None = limit  # also readable and settable as save_total_limit (HF's name)
+        self.load_best_model_at_end = load_best_model_at_end
         self.allow_pickle = allow_pickle
         self._monitor: Any = None  # the top-k monitor and direction, resolved against the trainer
         self._larger_better = True
@@ -134,20 +181,48 @@ class CheckpointCallback(Callback):
         self._periodic: list[str] = []  # names of periodic checkpoints, oldest first
         self._last_periodic_step: int | None = None
         self._best: list[tuple[str, float]] = []  # top-k (name, value), best first
+        self._timer = _Timer()  # every_n_seconds: when the last periodic save was written, and when to check
 
     @property
     def callback_name(self) -> str:
         """Includes the folder's name, so a periodic and a best-model callback can be used together."""
         return f"{_OWNER}:{os.path.basename(self.folder)}"
 
+    @property
+    def save_total_limit(self) -> int | None:
+        """Hugging Face's name for :attr:`keep_last_n`."""
+        return self.keep_last_n
+
+    @save_total_limit.setter
+    def save_total_limit(self, value: int | None) -> None:
+        self.keep_last_n = value
+
+    @property
+    def best_checkpoint(self) -> str | None:
+        """The absolute path of the best top-k checkpoint this callback keeps; None before the first one.
+
+        It is the head of the top-k list: the checkpoints this callback saved, and those it took over
+        from the checkpoint a run resumed from (the folder is not scanned). Every rank of a distributed
+        run holds the same list (the rankings come from evaluation results every rank shares, and a
+        resume takes rank 0's list), so reading it needs no collective.
+        """
+        return os.path.join(self.folder, self._best[0][0]) if self._best else None
+
     # ------------------------------------------------------------------ events
     def on_after_trainer_initialized(self, trainer: Any, driver: Any) -> None:
         if self.topk:
             self._monitor, self._larger_better = resolve_monitor(
                 _OWNER, f"topk={self.topk}", self.monitor, self.larger_better, trainer)
+        loaders = [cb.folder for cb in checkpoint_callbacks(trainer) if cb.load_best_model_at_end]
+        if len(loaders) > 1:
+            raise ConfigurationError(
+                f"{_OWNER}(load_best_model_at_end=True) is set on {len(loaders)} CheckpointCallbacks (folders "
+                f"{', '.join(map(repr, loaders))}), but the model can take only one best; set it on one of them.")
 
     def on_train_begin(self, trainer: Any) -> None:
         self._phase, self._due = _Phase.BETWEEN_EPOCHS, _Due()
+        if self.every_n_seconds is not None:
+            self._timer.start(self.clock(), trainer.global_forward_batches)
 
     def on_train_epoch_begin(self, trainer: Any) -> None:
         self._write_due(trainer, in_epoch=False)  # what the end of the previous epoch made due
@@ -160,6 +235,8 @@ class CheckpointCallback(Callback):
 
     def on_train_batch_end(self, trainer: Any) -> None:
         if self.every_n_batches and trainer.global_forward_batches % self.every_n_batches == 0:
+            self._due.periodic = True
+        if self.every_n_seconds is not None and self._time_is_up(trainer):
             self._due.periodic = True
 
     def on_train_epoch_end(self, trainer: Any) -> None:
@@ -200,6 +277,14 @@ class CheckpointCallback(Callback):
         self._write_due(trainer, in_epoch=phase is _Phase.IN_EPOCH)
         if self.save_last:
             self._save(trainer, LAST)
+        if self.load_best_model_at_end:
+            if self._best:
+                load_best(trainer, self, f"{_OWNER}(load_best_model_at_end=True)")
+            else:
+                warnings.warn(
+                    f"{_OWNER}(load_best_model_at_end=True): no top-k checkpoint was saved in {self.folder} (no "
+                    f"evaluation gave {monitor_label(self._monitor)!r} a value that is not NaN), so the model "
+                    "keeps the weights training ended with.", RuntimeWarning, stacklevel=2)
 
     # ------------------------------------------------------------------- state
     def on_save_checkpoint(self, trainer: Any) -> dict[str, Any]:
@@ -233,6 +318,21 @@ class CheckpointCallback(Callback):
         self._best = self._sorted([tuple(e) for e in best])
 
     # ----------------------------------------------------------------- helpers
+    def _time_is_up(self, trainer: Any) -> bool:
+        """Whether ``every_n_seconds`` have passed: this clock alone, or rank 0's shared at its checks."""
+        timer, driver = self._timer, trainer.driver
+        if not driver.is_distributed():
+            return self.clock() - timer.since >= float(self.every_n_seconds or 0)
+        step = trainer.global_forward_batches
+        if step < timer.next_check:
+            return False
+        decision = None
+        if driver.is_global_zero:
+            decision = timer.decide(self.clock(), step, float(self.every_n_seconds or 0))
+        due, wait = driver.broadcast_object(decision, src=0)
+        timer.next_check = step + wait
+        return bool(due)
+
     def _write_due(self, trainer: Any, in_epoch: bool) -> None:
         """Write the saves that are due; the position is (epoch, batches done in it) as a resume sees it."""
         due = self._due
@@ -257,7 +357,9 @@ class CheckpointCallback(Callback):
         except BaseException:
             self._periodic, self._last_periodic_step = previous
             raise
-        limit = self.save_total_limit
+        if self.every_n_seconds is not None:
+            self._timer.since = self.clock()  # the next timed save counts from the end of this one
+        limit = self.keep_last_n
         if limit is not None and len(self._periodic) > limit:
             # The newest (just completed) is last in the list and limit >= 1: it is never deleted.
             doomed, self._periodic = self._periodic[:-limit], self._periodic[-limit:]
@@ -315,49 +417,121 @@ class CheckpointCallback(Callback):
                 and os.path.isdir(os.path.join(self.folder, name)))
 
 
+def checkpoint_callbacks(trainer: Any) -> list[CheckpointCallback]:
+    """The trainer's CheckpointCallbacks, in the order of ``callbacks=``."""
+    return [cb for cb in trainer.callbacks if isinstance(cb, CheckpointCallback)]
+
+
+def best_checkpoint(trainer: Any) -> str | None:
+    """``Trainer.best_checkpoint``: the best checkpoint of the first CheckpointCallback with ``topk``, or None."""
+    keepers = [cb for cb in checkpoint_callbacks(trainer) if cb.topk]
+    return keepers[0].best_checkpoint if keepers else None
+
+
+def load_best_model(trainer: Any) -> str:
+    """``Trainer.load_best_model()``: load the weights of :func:`best_checkpoint`; returns its path."""
+    callbacks = checkpoint_callbacks(trainer)
+    keepers = [cb for cb in callbacks if cb.topk]
+    who = "Trainer.load_best_model()"
+    if not keepers:
+        have = (f" (its CheckpointCallback(s) in {', '.join(repr(cb.folder) for cb in callbacks)} keep no top-k)"
+                if callbacks else "")
+        raise ConfigurationError(
+            f"{who} loads the best checkpoint of a CheckpointCallback with topk >= 1, and this trainer has "
+            f"none{have}; add CheckpointCallback(folder, topk=1) to callbacks= (it ranks evaluations by the "
+            "Trainer's monitor, or pass monitor=), or load a folder of your choice with trainer.load_model(folder).")
+    keeper = keepers[0]
+    if keeper.best_checkpoint is None:
+        raise ConfigurationError(
+            f"{who}: CheckpointCallback({keeper.folder!r}, topk={keeper.topk}) has saved no top-k checkpoint "
+            f"yet (none until an evaluation gives {monitor_label(keeper._monitor)!r} a value that is not NaN); "
+            "call it after trainer.run() or trainer.evaluate(), or after loading a checkpoint of the run that "
+            "saved them (trainer.load_checkpoint(...), run(resume_from=...)).")
+    return load_best(trainer, keeper, who)
+
+
+def load_best(trainer: Any, keeper: CheckpointCallback, who: str) -> str:
+    """Load ``keeper``'s best checkpoint into the model on every rank; rank 0 names it (every rank calls this)."""
+    decision: tuple[str | None, str | None] = (keeper.best_checkpoint, None)
+    driver = trainer.driver
+    if driver.is_global_zero and decision[0] is not None and not os.path.isdir(decision[0]):
+        decision = (None, f"{who}: the best checkpoint {decision[0]} (top-k by "
+                          f"{monitor_label(keeper._monitor)!r}) no longer exists; it was deleted or moved after "
+                          "it was saved. Load another folder with trainer.load_model(folder).")
+    if driver.is_distributed():
+        decision = driver.broadcast_object(decision, src=0)  # every rank loads the folder rank 0 names
+    path, error = decision
+    if error is not None or path is None:
+        raise CheckpointError(error or f"{who}: rank 0 has no best checkpoint")
+    trainer.load_model(path)
+    return path
+
+
 def step_label(step: int) -> str:
     """``step_00000012``: zero-padded, so folder names sort in step order as plain strings (up to 10**8 - 1)."""
     return f"step_{step:0{STEP_DIGITS}d}"
 
 
-def _check_options(folder: Any, every_n_batches: Any, every_n_epochs: Any, save_last: Any, save_on_exception: Any,
-                   topk: Any, monitor: Any, larger_better: Any, save_object: Any, save_total_limit: Any,
-                   allow_pickle: Any) -> None:
-    """Every argument, alone and together, before anything is stored."""
+def _keep_last_n(keep_last_n: Any, save_total_limit: Any) -> tuple[str, Any]:
+    """The periodic-checkpoint limit, under the one of its two names that was given (refusing both)."""
+    if keep_last_n is not None and save_total_limit is not None:
+        raise ConfigurationError(
+            f"{_OWNER}(keep_last_n={keep_last_n!r}, save_total_limit={save_total_limit!r}) gives one setting "
+            "twice: save_total_limit is Hugging Face's name for keep_last_n; pass only keep_last_n."
+        )
+    return ("save_total_limit", save_total_limit) if save_total_limit is not None else ("keep_last_n", keep_last_n)
+
+
+def _check_options(folder: Any, **given: Any) -> None:
+    """Every argument, alone and together, before anything is stored (``limit`` is given as ``limit_name``)."""
     _check_folder(folder)
-    check_optional_int(_OWNER, "every_n_batches", every_n_batches, minimum=1, none_means="no batch-based saves")
-    check_optional_int(_OWNER, "every_n_epochs", every_n_epochs, minimum=1, none_means="no epoch-based saves")
-    check_optional_int(_OWNER, "save_total_limit", save_total_limit, minimum=1, none_means="keeping them all")
-    for name, value in (("save_last", save_last), ("save_on_exception", save_on_exception),
-                        ("allow_pickle", allow_pickle)):
-        check_bool(_OWNER, name, value)
+    check_optional_int(_OWNER, "every_n_batches", given["every_n_batches"], minimum=1,
+                       none_means="no batch-based saves")
+    check_optional_int(_OWNER, "every_n_epochs", given["every_n_epochs"], minimum=1, none_means="no epoch-based saves")
+    seconds = given["every_n_seconds"]
+    if seconds is not None and not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                                    and math.isfinite(seconds) and seconds > 0):
+        raise ConfigurationError(
+            f"{_OWNER}(every_n_seconds={seconds!r}) is not accepted; pass a number of seconds > 0 (an int or a "
+            "float, such as 1800 for every half hour), or None for no time-based saves."
+        )
+    limit_name, limit = given["limit_name"], given["limit"]
+    check_optional_int(_OWNER, limit_name, limit, minimum=1, none_means="keeping them all")
+    for name in ("save_last", "save_on_exception", "load_best_model_at_end", "allow_pickle"):
+        check_bool(_OWNER, name, given[name])
+    topk, save_object = given["topk"], given["save_object"]
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 0:
         raise ConfigurationError(
             f"{_OWNER}(topk={topk!r}) is not accepted; pass an int >= 0 (0 = no top-k checkpoints)."
         )
-    check_monitor_arg(_OWNER, monitor, larger_better)
+    check_monitor_arg(_OWNER, given["monitor"], given["larger_better"])
     if save_object not in SAVE_OBJECTS:
         raise ConfigurationError(
             f"{_OWNER}(save_object={save_object!r}) is not accepted; pass 'trainer' (a resumable "
             "checkpoint) or 'model' (the model's weights only)."
         )
-    periodic = every_n_batches is not None or every_n_epochs is not None
-    if not (periodic or save_last or save_on_exception or topk):
+    periodic = any(given[name] is not None for name in ("every_n_batches", "every_n_epochs", "every_n_seconds"))
+    if not (periodic or given["save_last"] or given["save_on_exception"] or topk):
         raise ConfigurationError(
-            f"{_OWNER}({os.fspath(folder)!r}) saves nothing: set every_n_batches, every_n_epochs, "
-            "save_last, save_on_exception or topk."
+            f"{_OWNER}({os.fspath(folder)!r}) saves nothing: set every_n_batches, every_n_epochs, save_last, "
+            "save_on_exception or topk, or every_n_seconds for time-based saves."
         )
-    if save_total_limit is not None and not periodic:
+    if limit is not None and not periodic:
         raise ConfigurationError(
-            f"{_OWNER}(save_total_limit={save_total_limit!r}) limits periodic checkpoints, but neither "
-            "every_n_batches nor every_n_epochs is set; set one of them or drop save_total_limit."
+            f"{_OWNER}({limit_name}={limit!r}) limits periodic checkpoints, but neither every_n_batches nor "
+            f"every_n_epochs nor every_n_seconds is set; set one of them or drop {limit_name}."
         )
-    if not topk and (monitor is not None or larger_better is not None):
+    if not topk and (given["monitor"] is not None or given["larger_better"] is not None):
         raise ConfigurationError(
             f"{_OWNER}: monitor/larger_better are used only for top-k checkpoints, but topk=0; "
             "pass topk=k (k >= 1) or drop monitor/larger_better."
         )
-    if allow_pickle and save_object == "model":
+    if not topk and given["load_best_model_at_end"]:
+        raise ConfigurationError(
+            f"{_OWNER}(load_best_model_at_end=True) loads the best top-k checkpoint, but topk=0 keeps none; "
+            "pass topk=1 (ranked by monitor=, or the Trainer's monitor) or drop load_best_model_at_end."
+        )
+    if given["allow_pickle"] and save_object == "model":
         raise ConfigurationError(
             f"{_OWNER}(allow_pickle=True) has no effect with save_object='model' (model files never "
             "pickle); drop allow_pickle or use save_object='trainer'."
