@@ -21,8 +21,8 @@ from drivetrain_jittor import import_jittor  # noqa: E402
 jt = import_jittor()
 
 from drivetrain import Trainer, seed_everything  # noqa: E402
+from tests._resume_rule import N_SAMPLES, main  # noqa: E402
 from tests.jittor.conftest import Points, TinyNet  # noqa: E402
-from tests.paddle.distributed._resume_rule import N_SAMPLES, main  # noqa: E402
 
 PER_RANK = 2
 

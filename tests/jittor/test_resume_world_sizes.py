@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from .. import _resume_rule as rule
 from .._dist_helpers import ProcessGroup
-from ..paddle.distributed import _resume_rule as rule
 from . import _resume_script
 
 MPIRUN = shutil.which("mpirun")

@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirna
 import oneflow as flow  # noqa: E402
 
 from drivetrain import Trainer  # noqa: E402
+from tests._resume_rule import N_SAMPLES, PER_RANK, main  # noqa: E402
 from tests.oneflow.distributed._ddp_script import Net, Points  # noqa: E402
-from tests.paddle.distributed._resume_rule import N_SAMPLES, PER_RANK, main  # noqa: E402
 
 
 def make_trainer(n_epochs: int, callbacks: list) -> Trainer:

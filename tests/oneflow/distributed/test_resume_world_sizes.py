@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ...paddle.distributed import _resume_rule as rule
+from ... import _resume_rule as rule
 from . import _resume_script
 from .conftest import ProcessGroup, free_port
 

@@ -18,8 +18,8 @@ import paddle  # noqa: E402
 from paddle.io import DataLoader  # noqa: E402
 
 from drivetrain import Trainer  # noqa: E402
+from tests._resume_rule import N_SAMPLES, PER_RANK, main  # noqa: E402
 from tests.paddle.distributed._dist_script import Points, make_net  # noqa: E402
-from tests.paddle.distributed._resume_rule import N_SAMPLES, PER_RANK, main  # noqa: E402
 
 
 def make_trainer(n_epochs: int, callbacks: list) -> Trainer:
