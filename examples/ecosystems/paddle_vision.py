@@ -114,7 +114,10 @@ def interrupt_and_resume(train_loader, folder: str, stop_at: int = 11) -> Traine
             raise KeyboardInterrupt
 
     interrupted.add_callback_fn(Event.on_train_batch_end(), ctrl_c)
-    interrupted.run()  # a KeyboardInterrupt ends run() quietly; the newest checkpoint is that of step 10
+    try:
+        interrupted.run()
+    except KeyboardInterrupt:  # Ctrl-C reaches the script once the checkpoints are safe; the newest is step 10's
+        pass
     resumed = new_trainer(train_loader)  # as a new process would: a fresh model and optimizer
     resumed.run(resume_from=folder)  # takes the newest checkpoint in the folder
     return resumed
