@@ -30,3 +30,19 @@ def read_until(proc: subprocess.Popen, wanted: str, what: str) -> None:
             return
     raise AssertionError(f"{what}: the child ended before printing {wanted!r} (exit {proc.wait()}): "
                          f"{proc.stderr.read()[-2000:]}")
+
+
+def run_until_ctrl_c(trainer: Any, step: int, **run_kwargs: Any) -> None:
+    """``trainer.run(**run_kwargs)`` with a Ctrl-C (a KeyboardInterrupt) after global step ``step``; the interrupt
+    must reach the caller, as Ctrl-C reaches a script."""
+    import pytest
+
+    from drivetrain import Event
+
+    def interrupt(t: Any) -> None:
+        if t.global_forward_batches == step:
+            raise KeyboardInterrupt
+
+    trainer.add_callback_fn(Event.on_train_batch_end(), interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run(**run_kwargs)

@@ -350,6 +350,15 @@ class Driver(abc.ABC):
     def load_model_state(self, state: Mapping[str, Any]) -> None:
         """Load a dict produced by :meth:`model_state` or :meth:`load_tensors`; names must match."""
 
+    def frozen_parameter_names(self) -> frozenset[str]:
+        """The :meth:`model_state` names of the parameters that do not train (``requires_grad=False``,
+        ``stop_gradient``, ``stop_grad``: a frozen base under a LoRA adapter, a frozen encoder).
+
+        Checkpoints and ``save_model`` leave them out and keep a fingerprint instead (loading takes them from
+        the model loaded into, once they match it). Default: none, so every parameter is saved.
+        """
+        return frozenset()
+
     def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
         """One tensor as ``(dtype, shape, data)`` for the core's safetensors writer.
 

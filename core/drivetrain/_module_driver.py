@@ -41,7 +41,7 @@ class ModuleDriver(Driver):
       in error messages (a classification loss of ``outputs`` and ``batch['label']``; a numpy ``array`` made a
       tensor).
     - ``state_ops``: the backend's state module, with ``model_state(model)``,
-      ``load_model_state(model, state)``, ``tensor_buffer(tensor)``,
+      ``load_model_state(model, state)``, ``frozen_parameter_names(model)`` (optional), ``tensor_buffer(tensor)``,
       ``tensors_from_bytes(data)``, ``gradient_state(model)``,
       ``load_gradient_state(model, grads)`` and ``optimizer_state_for_load(state, where)``.
     - ``optimizer_load_errors``: the exceptions a framework's ``load_state_dict`` raises for
@@ -319,6 +319,11 @@ class ModuleDriver(Driver):
 
     def load_model_state(self, state: Mapping[str, Any]) -> None:
         self.state_ops.load_model_state(self.unwrap_model(), state)
+
+    def frozen_parameter_names(self) -> frozenset[str]:
+        """``state_ops.frozen_parameter_names(model)`` where the backend's state module has it, else none."""
+        names = getattr(self.state_ops, "frozen_parameter_names", None)
+        return frozenset() if names is None else frozenset(names(self.unwrap_model()))
 
     def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
         return self.state_ops.tensor_buffer(tensor)

@@ -680,15 +680,17 @@ class Trainer:
         self._resume_batches = int(position["batches_done"])
         self._resume_samples = position.get("consumed_samples")
 
-    def save_checkpoint(self, folder: str | os.PathLike, *, allow_pickle: bool = False) -> str:
+    def save_checkpoint(self, folder: str | os.PathLike, *, allow_pickle: bool = False,
+                        save_frozen: bool = False) -> str:
         """Write everything needed to resume exactly into the folder ``folder`` (atomically).
 
         The folder holds the model, optimizer, gradient, precision and RNG states, the
         loop position, the sampler and callback states, and a manifest with a sha256
         per file. Nothing is pickled unless ``allow_pickle=True`` (then only callback
-        states that are not plain data). Returns the folder's absolute path.
+        states that are not plain data). Frozen parameters (a base under an adapter) are
+        left out and fingerprinted, unless ``save_frozen=True``. Returns the folder's absolute path.
         """
-        return trainer_io.save_trainer(self, folder, allow_pickle)
+        return trainer_io.save_trainer(self, folder, allow_pickle, save_frozen)
 
     def load_checkpoint(self, folder: str | os.PathLike, *, resume_training: bool = True,
                         allow_pickle: bool = False) -> None:
@@ -701,16 +703,18 @@ class Trainer:
         trainer_io.load_trainer(self, folder, resume_training, allow_pickle)
 
     # --------------------------------------------------------------- model files
-    def save_model(self, folder: str | os.PathLike) -> str:
+    def save_model(self, folder: str | os.PathLike, *, save_frozen: bool = False) -> str:
         """Write the model's weights as a checkpoint folder holding ``model.safetensors`` and a manifest.
 
         Written like a full checkpoint (temp folder, fsync, rename; no pickle), so a crash
         never leaves a half folder under ``folder``. Returns the path of the weights file,
         which any safetensors reader can open; a driver that shards the model (``torch_fsdp``)
         has every rank write its shards instead and returns the folder (``drivetrain export``
-        merges them into one file).
+        merges them into one file). Frozen parameters are left out (their fingerprint is kept:
+        loading takes them from the model loaded into) unless ``save_frozen=True``, which writes
+        a file that holds the whole model.
         """
-        return trainer_io.save_model(self, folder)
+        return trainer_io.save_model(self, folder, save_frozen)
 
     def load_model(self, folder: str | os.PathLike) -> None:
         """Load the weights of a folder written by :meth:`save_model` or :meth:`save_checkpoint`.

@@ -81,6 +81,18 @@ def to_numpy(var: Any) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------ model
+_RUNNING_STATISTICS = ("running_mean", "running_var")
+
+
+def frozen_parameter_names(model: Any) -> set[str]:
+    """The state names of the parameters jittor does not train (``stop_grad()``, ``requires_grad=False``), less
+    normalisation layers' running statistics: jittor lists them among the parameters, stopped, but the
+    forward pass updates them, so they change while training and are saved like buffers."""
+    statistics = {f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules()
+                  for name in _RUNNING_STATISTICS if hasattr(module, name)}
+    return {name for name, p in model.named_parameters() if not p.requires_grad and name not in statistics}
+
+
 def model_state(model: Any) -> dict[str, Any]:
     """The model's persistent Vars (parameters and buffers) by structured name; the live Vars, no copy."""
     return dict(model.state_dict())

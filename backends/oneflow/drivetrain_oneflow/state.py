@@ -53,6 +53,11 @@ def as_tensor(value: Any, where: str) -> flow.Tensor:
 
 
 # ------------------------------------------------------------------------ model
+def frozen_parameter_names(model: flow.nn.Module) -> set[str]:
+    """The state names of the parameters with ``requires_grad=False``."""
+    return {name for name, p in model.named_parameters() if not p.requires_grad}
+
+
 def model_state(model: flow.nn.Module) -> dict[str, flow.Tensor]:
     """The model's ``state_dict`` (parameters and buffers) as a flat ``{name: tensor}`` dict, detached views."""
     return {name: tensor.detach() for name, tensor in model.state_dict().items()}

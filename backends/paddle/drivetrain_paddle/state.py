@@ -70,6 +70,19 @@ def _cpu_tensor(array: np.ndarray) -> paddle.Tensor:
 
 
 # ------------------------------------------------------------------------ model
+_BATCH_NORMS = (paddle.nn.layer.norm._BatchNormBase, paddle.nn.BatchNorm)
+
+
+def frozen_parameter_names(model: paddle.nn.Layer) -> set[str]:
+    """The state names of the parameters with ``stop_gradient=True`` (paddle's frozen, e.g. ``trainable=False``),
+    less batch norms' running statistics: paddle keeps them as parameters that take no gradient, but the
+    forward pass updates them, so they change while training and are saved like buffers."""
+    statistics = {f"{prefix}.{name}" if prefix else name
+                  for prefix, layer in model.named_sublayers(include_self=True) if isinstance(layer, _BATCH_NORMS)
+                  for name in ("_mean", "_variance")}
+    return {name for name, p in model.named_parameters() if p.stop_gradient and name not in statistics}
+
+
 def model_state(model: paddle.nn.Layer) -> dict[str, paddle.Tensor]:
     """The model's ``state_dict`` (parameters and persistable buffers) by structured name, detached."""
     return {name: tensor.detach() for name, tensor in model.state_dict().items()}

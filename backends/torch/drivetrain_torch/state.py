@@ -41,6 +41,11 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(model.state_dict())
 
 
+def frozen_parameter_names(model: torch.nn.Module) -> set[str]:
+    """The state names of the parameters with ``requires_grad=False`` (every name of a tied one)."""
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
 def load_model_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``; names and shapes must match exactly (strict)."""
     tensors = loadable_model_state(

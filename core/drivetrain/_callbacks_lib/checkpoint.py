@@ -96,6 +96,9 @@ class CheckpointCallback(Callback):
       :attr:`best_checkpoint` is the best of them; ``load_best_model_at_end=True`` loads its weights
       into the model when training ends normally (after ``last`` is written).
 
+    Frozen parameters (a base model under an adapter) are left out of every save and fingerprinted in
+    its manifest, unless ``save_frozen=True`` (see ``Trainer.save_checkpoint``).
+
     ``save_object="trainer"`` writes full checkpoints (resumable, see
     ``Trainer.save_checkpoint``); ``"model"`` writes only ``model.safetensors``
     (``Trainer.save_model``, loadable with ``Trainer.load_model``).
@@ -153,13 +156,14 @@ class CheckpointCallback(Callback):
         save_total_limit: int | None = None,
         load_best_model_at_end: bool = False,
         allow_pickle: bool = False,
+        save_frozen: bool = False,
     ) -> None:
         limit_name, limit = _keep_last_n(keep_last_n, save_total_limit)
         _check_options(folder, every_n_batches=every_n_batches, every_n_epochs=every_n_epochs,
                        every_n_seconds=every_n_seconds, save_last=save_last, save_on_exception=save_on_exception,
                        topk=topk, monitor=monitor, larger_better=larger_better, save_object=save_object,
                        limit_name=limit_name, limit=limit, load_best_model_at_end=load_best_model_at_end,
-                       allow_pickle=allow_pickle)
+                       allow_pickle=allow_pickle, save_frozen=save_frozen)
         self.folder = os.path.abspath(os.fspath(folder))
         self.every_n_batches = every_n_batches
         self.every_n_epochs = every_n_epochs
@@ -173,6 +177,7 @@ class CheckpointCallback(Callback):
         self.keep_last_n: int | None = limit  # also readable and settable as save_total_limit (HF's name)
         self.load_best_model_at_end = load_best_model_at_end
         self.allow_pickle = allow_pickle
+        self.save_frozen = save_frozen
         self._monitor: Any = None  # the top-k monitor and direction, resolved against the trainer
         self._larger_better = True
         self._phase = _Phase.IDLE
@@ -396,8 +401,8 @@ class CheckpointCallback(Callback):
     def _save(self, trainer: Any, name: str) -> str:
         path = os.path.join(self.folder, name)
         if self.save_object == "trainer":
-            return trainer.save_checkpoint(path, allow_pickle=self.allow_pickle)
-        trainer.save_model(path)  # atomic like a checkpoint; every rank calls it, rank 0 writes
+            return trainer.save_checkpoint(path, allow_pickle=self.allow_pickle, save_frozen=self.save_frozen)
+        trainer.save_model(path, save_frozen=self.save_frozen)  # atomic like a checkpoint; every rank calls it, rank 0 writes
         return path
 
     def _remove(self, trainer: Any, name: str) -> None:
@@ -497,7 +502,7 @@ def _check_options(folder: Any, **given: Any) -> None:
         )
     limit_name, limit = given["limit_name"], given["limit"]
     check_optional_int(_OWNER, limit_name, limit, minimum=1, none_means="keeping them all")
-    for name in ("save_last", "save_on_exception", "load_best_model_at_end", "allow_pickle"):
+    for name in ("save_last", "save_on_exception", "load_best_model_at_end", "allow_pickle", "save_frozen"):
         check_bool(_OWNER, name, given[name])
     topk, save_object = given["topk"], given["save_object"]
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 0:

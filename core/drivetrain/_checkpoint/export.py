@@ -23,6 +23,7 @@ import numpy as np
 from .._io import atomic_write
 from . import safetensors_writer
 from .folder import MANIFEST, CheckpointError, list_checkpoints, read_checkpoint, read_manifest, verified_file
+from .frozen import FROZEN_KEY
 from .sharded import MODEL_PREFIX, ShardRead, is_sharded, parse_layout
 from .training import MODEL_FILE
 
@@ -52,6 +53,13 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str
         return target
     source = os.path.join(folder, MODEL_FILE)
     _verify(folder, manifest)
+    frozen = manifest.get(FROZEN_KEY)
+    if frozen:
+        raise CheckpointError(
+            f"{folder} holds the trainable parameters only: its {len(frozen.get('tensors', {}))} frozen ones "
+            f"({frozen.get('bytes', 0)} bytes) were left out, to be taken from the base model when it is loaded. "
+            "For one file with the whole model, load it into the model (trainer.load_model(folder), or "
+            "run(resume_from=folder)) and write trainer.save_model(DIR, save_frozen=True).")
     if os.path.exists(target) and os.path.samefile(target, source):
         raise ValueError(f"export_weights(out={os.fspath(out)!r}) is the checkpoint's own model file; "
                          "pass a path outside the checkpoint folder.")

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .._trainer import Trainer
 
 
-def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool) -> str:
+def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool, save_frozen: bool = False) -> str:
     """Write a resumable checkpoint of ``trainer`` as ``folder``; every rank calls it, rank 0 writes."""
     driver = trainer.driver
     path = os.path.abspath(os.fspath(folder))
@@ -51,6 +51,7 @@ def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool
             driver, trainer._position(), callback_states=callback_states,
             sampler_state=None if sampler is None else sampler.state_dict(),
             process_states=processes, allow_pickle=allow_pickle, extra=_loop_settings(trainer), sharded=sharded,
+            save_frozen=save_frozen,
         )
 
     if driver.shards_state:  # every rank writes its own shards, nothing is gathered
@@ -143,7 +144,7 @@ def _verified_model_file(driver: Any, path: str) -> str:
     return os.path.join(folder, MODEL_FILE)
 
 
-def save_model(trainer: Trainer, folder: str | os.PathLike) -> str:
+def save_model(trainer: Trainer, folder: str | os.PathLike, save_frozen: bool = False) -> str:
     """Write the model's weights as the folder ``folder``; returns the weights file's path."""
     path = os.path.abspath(os.fspath(folder))
     driver = trainer.driver
@@ -154,7 +155,7 @@ def save_model(trainer: Trainer, folder: str | os.PathLike) -> str:
         return path
     with driver.gathering_state():
         if driver.is_global_zero:
-            write_checkpoint(path, *build_model_checkpoint(driver))
+            write_checkpoint(path, *build_model_checkpoint(driver, save_frozen=save_frozen))
     trainer.fire("on_save_model")
     driver.barrier()
     return os.path.join(path, MODEL_FILE)

@@ -26,6 +26,7 @@ from .._seed import capture_host_rng, restore_host_rng
 from .._version import __version__
 from .codec import StateEncodingError, join_state, split_state
 from .folder import CheckpointError, FileContent, LoadedCheckpoint
+from .frozen import FROZEN_KEY, complete_with_frozen, split_frozen
 
 MODEL_FILE = "model.safetensors"
 STATE_TENSORS = "training_state.safetensors"
@@ -56,10 +57,12 @@ def process_state(driver: Driver) -> dict[str, Any]:
 
 def build_checkpoint(driver: Driver, position: Position, *, callback_states: Mapping[str, Any],
                      sampler_state: Any, process_states: list[dict[str, Any]], allow_pickle: bool,
-                     extra: Mapping[str, Any], sharded: bool = False) -> tuple[dict[str, FileContent], dict[str, Any]]:
+                     extra: Mapping[str, Any], sharded: bool = False,
+                     save_frozen: bool = False) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """Serialise everything the trainer needs to resume; returns (files, manifest fields).
 
     ``sharded``: the model and optimizer states go to the ranks' shard files (:mod:`.sharded`), not here.
+    Frozen parameters are left out, their fingerprint kept, unless ``save_frozen`` (see :mod:`.frozen`).
 
     Tensor files are returned as views of the tensors (see ``Driver.tensor_file``), written
     by ``write_checkpoint`` straight from memory; nothing may change them until then.
@@ -92,7 +95,7 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
     skeleton["sampler"] = sampler_state
     skeleton["position"] = position.__dict__
     skeleton["optimizer_count"] = len(driver.optimizers)
-    files: dict[str, FileContent] = {} if sharded else {MODEL_FILE: driver.tensor_file(driver.model_state())}
+    files, frozen = _model_files(driver, sharded, save_frozen)
     files[STATE_TENSORS] = driver.tensor_file(tensors)
     files[STATE_JSON] = json.dumps(skeleton).encode()
     if pickled:
@@ -105,16 +108,29 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
         "pickle": bool(pickled),
         "trainer": dict(position.__dict__, **extra),
     }
+    if frozen is not None:
+        manifest[FROZEN_KEY] = frozen
     return files, manifest
 
 
-def build_model_checkpoint(driver: Driver, sharded: bool = False) -> tuple[dict[str, FileContent], dict[str, Any]]:
+def build_model_checkpoint(driver: Driver, sharded: bool = False,
+                           save_frozen: bool = False) -> tuple[dict[str, FileContent], dict[str, Any]]:
     """A weights-only folder: the model file (or, ``sharded``, nothing: the ranks write the shards) and a
-    manifest of kind ``model``."""
-    files: dict[str, FileContent] = {} if sharded else {MODEL_FILE: driver.tensor_file(driver.model_state())}
+    manifest of kind ``model``; frozen parameters as in :func:`build_checkpoint`."""
+    files, frozen = _model_files(driver, sharded, save_frozen)
     manifest: dict[str, Any] = {"drivetrain_version": __version__, "driver": format_name(driver),
                 "framework_version": driver.framework_version(), "kind": "model", "pickle": False}
+    if frozen is not None:
+        manifest[FROZEN_KEY] = frozen
     return files, manifest
+
+
+def _model_files(driver: Driver, sharded: bool, save_frozen: bool) -> tuple[dict[str, FileContent], dict | None]:
+    """The model file (without the frozen parameters unless ``save_frozen``) and the record of those left out."""
+    if sharded:
+        return {}, None
+    written, frozen = split_frozen(driver, driver.model_state(), save_frozen)
+    return {MODEL_FILE: driver.tensor_file(written)}, frozen
 
 
 @dataclass
@@ -133,7 +149,8 @@ def decode_checkpoint(loaded: LoadedCheckpoint, driver: Driver, allow_pickle: bo
     sharded = isinstance(manifest.get("sharded"), dict)
     if MODEL_FILE not in loaded.files and not sharded:
         raise CheckpointError(f"{where}: the manifest lists no {MODEL_FILE}.")
-    model = {} if sharded else _parse_tensors(driver, loaded, MODEL_FILE)
+    model = {} if sharded else complete_with_frozen(driver, _parse_tensors(driver, loaded, MODEL_FILE),
+                                                     manifest.get(FROZEN_KEY), where)
     state: dict[str, Any] = {}
     pickled: dict[str, Any] = {}
     if manifest.get("kind") == "trainer" and not model_only:
