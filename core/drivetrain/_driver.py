@@ -359,6 +359,14 @@ class Driver(abc.ABC):
         """
         return frozenset()
 
+    def companion_files(self, *, save_frozen: bool) -> dict[str, Any]:
+        """Files a ``save_model`` folder holds beside drivetrain's own, so that the model's own library reads
+        the folder (the torch driver writes a peft model's ``adapter_model.safetensors`` and
+        ``adapter_config.json``): ``{file name: bytes, or tensors as from tensor_file}``, written atomically
+        with the folder and checksummed in its manifest. Default: none.
+        """
+        return {}
+
     def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
         """One tensor as ``(dtype, shape, data)`` for the core's safetensors writer.
 

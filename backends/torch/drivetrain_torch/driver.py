@@ -16,7 +16,7 @@ import torch
 
 from drivetrain.backend import ModuleDriver, ShardSource
 
-from . import _rng
+from . import _peft, _rng
 from . import shards as _shards
 from . import state as _state
 from ._dataloader import reproducible_dataloader, reseed_for_epoch
@@ -64,6 +64,14 @@ class TorchSingleDriver(ModuleDriver):
         self.set_to_none = self.flag_option(options, "set_to_none", True)
         self._precision = Precision(self.precision, self.device, options.get("grad_scaler_kwargs"))
         self.grad_scaler = self._precision.scaler
+
+    def companion_files(self, *, save_frozen: bool) -> dict[str, Any]:
+        """A peft model's adapter files (what ``PeftModel.from_pretrained`` reads) when its base is left out;
+        nothing for any other model, or with ``save_frozen=True`` (the folder then holds the whole model)."""
+        model = self.unwrap_model()
+        if save_frozen or not _peft.is_peft_model(model):
+            return {}
+        return _peft.adapter_files(model, self.tensor_file)
 
     # ---------------------------------------------------------------------- model
     def unwrap_model(self) -> torch.nn.Module:

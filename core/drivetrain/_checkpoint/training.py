@@ -14,6 +14,7 @@ Files of a checkpoint folder:
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import warnings
 from collections.abc import Mapping
@@ -118,11 +119,23 @@ def build_model_checkpoint(driver: Driver, sharded: bool = False,
     """A weights-only folder: the model file (or, ``sharded``, nothing: the ranks write the shards) and a
     manifest of kind ``model``; frozen parameters as in :func:`build_checkpoint`."""
     files, frozen = _model_files(driver, sharded, save_frozen)
+    if not sharded:
+        files.update(_companion_files(driver, save_frozen))
     manifest: dict[str, Any] = {"drivetrain_version": __version__, "driver": format_name(driver),
                 "framework_version": driver.framework_version(), "kind": "model", "pickle": False}
     if frozen is not None:
         manifest[FROZEN_KEY] = frozen
     return files, manifest
+
+
+def _companion_files(driver: Driver, save_frozen: bool) -> dict[str, FileContent]:
+    """The driver's :meth:`~drivetrain.Driver.companion_files`, refused where a name is drivetrain's own."""
+    files = driver.companion_files(save_frozen=save_frozen)
+    taken = sorted(set(files) & {MODEL_FILE, STATE_TENSORS, STATE_JSON, PICKLE_FILE, "manifest.json"})
+    if taken or any(os.sep in name or name.startswith(".") for name in files):
+        raise DrivetrainError(f"driver {driver.name!r}: companion_files() names {sorted(files)}; plain file names "
+                              f"other than drivetrain's own ({taken or 'none taken'}) are accepted.")
+    return files
 
 
 def _model_files(driver: Driver, sharded: bool, save_frozen: bool) -> tuple[dict[str, FileContent], dict | None]:
