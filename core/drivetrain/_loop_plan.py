@@ -80,8 +80,8 @@ class ResumedFrom:
                 "checkpoint or run record written. To train on from it anyway pass resume_from=%r.",
                 source, self.where(), self.folder)
             return False
+        by_steps = trainer._requested_n_batches != -1
         if _reached_end(trainer):
-            by_steps = trainer._requested_n_batches != -1
             asked = f"n_batches={trainer.n_batches}" if by_steps else f"n_epochs={trainer.n_epochs}"
             # an epoch whose batches are all done still counts as open (its end was not reached): one more
             open_epoch = trainer.num_batches_per_epoch is None or trainer._resume_start_batch() < \
@@ -93,8 +93,7 @@ class ResumedFrom:
         if self.ended is not None:
             how = "finished" if self.ended == "finished" else "stopped early"
             logger.info("%s: continuing a run that %s at %s, to %s.", source, how, self.where(),
-                        f"step {trainer.n_batches}" if trainer._requested_n_batches != -1
-                        else f"epoch {trainer.n_epochs}")
+                        f"step {trainer.n_batches}" if by_steps else f"epoch {trainer.n_epochs}")
         return True
 
 

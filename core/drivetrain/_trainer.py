@@ -445,12 +445,15 @@ class Trainer:
         With a reproducible sampler it is re-derived from the saved global sample offset, so a checkpoint of
         another world size (another number of batches per epoch) starts at the same sample.
         """
-        resumed = self._resume_offset()
+        return self._start_batch_of(self._resume_offset())
+
+    def _start_batch_of(self, resumed: tuple[ReproducibleBatchSampler, int] | None) -> int:
         return self._resume_batches if resumed is None else resumed[0].batch_index_at(resumed[1])
 
     def _take_resume_position(self) -> int:
         """Batches of this epoch a resumed run has done already (0 otherwise); used once, then cleared."""
-        start, resumed = self._resume_start_batch(), self._resume_offset()
+        resumed = self._resume_offset()
+        start = self._start_batch_of(resumed)
         if resumed is not None:
             resumed[0].resume(self.cur_epoch_idx, resumed[1])
         self._resume_batches, self._resume_samples = 0, None
