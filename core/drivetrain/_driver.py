@@ -359,13 +359,21 @@ class Driver(abc.ABC):
         """
         return frozenset()
 
-    def companion_files(self, *, save_frozen: bool) -> dict[str, Any]:
+    def companion_files(self, *, save_frozen: bool, merged: bool = False) -> dict[str, Any]:
         """Files a ``save_model`` folder holds beside drivetrain's own, so that the model's own library reads
         the folder (the torch driver writes a peft model's ``adapter_model.safetensors`` and
-        ``adapter_config.json``): ``{file name: bytes, or tensors as from tensor_file}``, written atomically
+        ``adapter_config.json``; ``merged``: beside :meth:`merged_adapter_state`'s weights, a Hugging Face
+        model's ``config.json``): ``{file name: bytes, or tensors as from tensor_file}``, written atomically
         with the folder and checksummed in its manifest. Default: none.
         """
         return {}
+
+    def merged_adapter_state(self) -> dict[str, Any] | None:
+        """The model's weights with its adapters folded into the base weights, under the base model's own
+        names (what peft's ``merge_and_unload`` leaves), computed without changing the model; None when the
+        model has no adapter. ``save_model(folder, merge_adapters=True)`` writes it. Default: None.
+        """
+        return None
 
     def tensor_buffer(self, tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
         """One tensor as ``(dtype, shape, data)`` for the core's safetensors writer.

@@ -42,6 +42,7 @@ from ._progress import choose_progress
 from ._records.recorder import HistoryRecorder, RunRecorder
 from ._sampler import ReproducibleBatchSampler, find_reproducible_sampler
 from ._signals import sigterm_raises
+from ._stateful_data import restore_loader_position
 from ._trainer_options import (
     Mappings,
     Records,
@@ -235,6 +236,7 @@ class Trainer:
         self._failed_by: BaseException | None = None  # what ended run() abnormally (checkpoints then are for salvage)
         self._resume_batches = 0  # batches of the current epoch a resumed run starts after
         self._resume_samples: int | None = None  # the same position in samples, when a sampler tracks it
+        self._resume_loader_states: list[Any] | None = None  # each rank's saved loader position (streams)
         self._epoch_start_batch = 0  # batch index the running epoch's iteration started at
         self._ended: str | None = None  # how run() ended: "finished", "early_stopped" (checkpoints record it)
         self._resumed: ResumedFrom | None = None  # the checkpoint run() resumed from, if any
@@ -419,8 +421,9 @@ class Trainer:
         self._epoch_length = self._epoch_stop(start)
         self.fire("on_train_epoch_begin")
         self.driver.set_sampler_epoch(self.dataloader, self.cur_epoch_idx)
+        skip = self._batches_to_skip(start)  # before iter(): a loader that reports its position is set back first
         iterator = iter(self.dataloader)
-        for _ in range(self._batches_to_skip(start)):  # only for dataloaders without a reproducible sampler
+        for _ in range(skip):  # only for dataloaders without a reproducible sampler or a position of their own
             next(iterator, None)
         self._in_epoch = True
         data_ran_out = self._run_batches(iterator)
@@ -469,14 +472,23 @@ class Trainer:
 
     def _batches_to_skip(self, start: int) -> int:
         """How many batches to read and drop to start after ``start`` (a reproducible sampler resumes by itself)."""
+        saved, self._resume_loader_states = self._resume_loader_states, None
         if start == 0 or self._sampler is not None:
+            return 0
+        restored = restore_loader_position(self.dataloader, saved, self.driver.rank, self.driver.world_size)
+        if restored is not None:
+            logger.info("resumed epoch %d at batch %d from the %s's saved position: no batch re-read.",
+                        self.cur_epoch_idx, start, restored)
             return 0
         warnings.warn(
             f"resuming mid-epoch without a reproducible sampler: the first {start} batches of epoch "
             f"{self.cur_epoch_idx} are read and dropped, and their order is only the same if the dataloader "
-            "does not shuffle. Use a dataloader whose sampler the driver can replace for exact resume.",
-            RuntimeWarning, stacklevel=3,
+            "does not shuffle. Use a dataloader whose sampler the driver can replace, or one that reports its "
+            "position (torchdata's StatefulDataLoader; a Hugging Face streaming dataset with num_workers=0), "
+            "to resume without re-reading.", RuntimeWarning, stacklevel=3,
         )
+        logger.info("resume: re-reading %d batch(es) of epoch %d to reach the checkpoint's position.", start,
+                    self.cur_epoch_idx)
         return start
 
     def _run_batches(self, iterator: Iterator[Any]) -> bool:
@@ -706,7 +718,7 @@ class Trainer:
         trainer_io.load_trainer(self, folder, resume_training, allow_pickle)
 
     # --------------------------------------------------------------- model files
-    def save_model(self, folder: str | os.PathLike, *, save_frozen: bool = False) -> str:
+    def save_model(self, folder: str | os.PathLike, *, save_frozen: bool = False, merge_adapters: bool = False) -> str:
         """Write the model's weights as a checkpoint folder holding ``model.safetensors`` and a manifest.
 
         Written like a full checkpoint (temp folder, fsync, rename; no pickle), so a crash
@@ -715,9 +727,11 @@ class Trainer:
         has every rank write its shards instead and returns the folder (``drivetrain export``
         merges them into one file). Frozen parameters are left out (their fingerprint is kept:
         loading takes them from the model loaded into) unless ``save_frozen=True``, which writes
-        a file that holds the whole model.
+        a file that holds the whole model. ``merge_adapters=True`` writes the whole model with its
+        adapters (peft LoRA) folded into the base weights, under the base model's names, and the
+        base's ``config.json``: a folder ``from_pretrained`` reads, without peft.
         """
-        return trainer_io.save_model(self, folder, save_frozen)
+        return trainer_io.save_model(self, folder, save_frozen, merge_adapters)
 
     def load_model(self, folder: str | os.PathLike) -> None:
         """Load the weights of a folder written by :meth:`save_model` or :meth:`save_checkpoint`.

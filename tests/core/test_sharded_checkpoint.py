@@ -13,6 +13,7 @@ import pytest
 import safetensors
 
 from drivetrain import CheckpointError, Trainer, export_weights
+from drivetrain._checkpoint.frozen import combine, partial_sums
 from drivetrain.backend import MODEL_PREFIX, ShardPiece, ShardSource, StateShards, flat_range_boxes
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 from drivetrain_numpy.driver import NumpyDriver
@@ -88,7 +89,7 @@ class ShardingNumpyDriver(NumpyDriver):
         return StateShards(pieces, {"lrs": [opt.lr for opt in self.optimizers]})
 
     def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
-        params = self.model.params
+        params = {k: v for k, v in self.model.params.items() if k not in source.frozen}  # frozen: kept as they are
         if source.model_keys() != {k: v.shape for k, v in params.items()}:
             raise CheckpointError("the saved model does not match")
         for name, array in params.items():
@@ -250,3 +251,71 @@ def test_the_default_driver_does_not_shard() -> None:
     assert driver.shards_state is False and driver.reads_state_shards is False
     with pytest.raises(DriverError, match="does not shard its state"):
         driver.state_shards(optimizers=True)
+
+
+# ------------------------------------------------------------- frozen parameters in shards
+class FrozenWeightDriver(FlatRangeNumpyDriver):
+    """The flat-range shards of a model whose weight does not train (a frozen base under an adapter)."""
+
+    def frozen_parameter_names(self) -> frozenset[str]:
+        return frozenset({"weight"})
+
+
+def _frozen_trainer(weight_seed: int = 0) -> Trainer:
+    model = LinearModel(5, 3, seed=weight_seed)
+    return Trainer(model, ArrayLoader(make_regression(), batch_size=8), SGD(model.params, model.grads, lr=0.05),
+                   driver=FrozenWeightDriver(model), n_epochs=1, progress_bar=None)
+
+
+def test_sharded_checkpoints_leave_frozen_parameters_out_and_check_them_on_load(tmp_path) -> None:
+    trainer = _frozen_trainer()
+    trainer.driver.model.params["bias"][...] = [0.25, -1.5, 3.0]  # "trained"
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    manifest = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())
+    stored = set(json.loads((tmp_path / "ckpt" / "shards.json").read_text())["tensors"])
+    assert stored == {MODEL_PREFIX + "bias"}
+    assert {n: e[:2] for n, e in manifest["frozen"]["tensors"].items()} == {"weight": ["F32", [5, 3]]}
+    assert manifest["frozen"]["bytes"] == 5 * 3 * 4
+
+    same_base = _frozen_trainer()
+    same_base.load_checkpoint(tmp_path / "ckpt")
+    assert same_base.driver.model.params["bias"].tolist() == [0.25, -1.5, 3.0]
+    with pytest.raises(CheckpointError, match="not the ones it was trained on: their values differ"):
+        _frozen_trainer(weight_seed=1).load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="cannot be exported|frozen"):
+        export_weights(tmp_path / "ckpt", tmp_path / "w.safetensors")
+
+    trainer.save_model(tmp_path / "whole", save_frozen=True)
+    assert set(json.loads((tmp_path / "whole" / "shards.json").read_text())["tensors"]) == {
+        MODEL_PREFIX + "bias", MODEL_PREFIX + "weight"}
+
+
+def _row_pieces(array: np.ndarray, world: int) -> list[list[tuple[Any, tuple, tuple]]]:
+    rows = -(-array.shape[0] // world)
+    return [[(array[r * rows:(r + 1) * rows], (r * rows,) + (0,) * (array.ndim - 1), array.shape)]
+            for r in range(world) if r * rows < array.shape[0]]
+
+
+def _flat_pieces(array: np.ndarray, world: int) -> list[list[tuple[Any, tuple, tuple]]]:
+    flat, share = array.reshape(-1), -(-array.size // world)
+    starts = [min(r * share, array.size) for r in range(world)]
+    return [[(p.tensor, p.offsets, p.shape) for p in _boxes(flat[start:start + share], start, array.shape)]
+            for start in starts]
+
+
+@pytest.mark.parametrize("shape", [(7,), (5, 3), (4, 3, 5), ()])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.bool_])
+def test_the_frozen_checksum_is_the_same_however_the_tensor_is_sharded(shape, dtype) -> None:
+    driver = FrozenWeightDriver(LinearModel(3, 1))
+    values = np.asarray(np.random.default_rng(0).standard_normal(shape) * 100)
+    array = np.asarray(values > 0) if dtype is np.bool_ else values.astype(dtype)
+    whole = combine([partial_sums(driver, {"t": [(array, (), ())]})])
+    for world in (1, 2, 3, 4):
+        for split in (_row_pieces, _flat_pieces) if shape else (_flat_pieces,):
+            ranks = [partial_sums(driver, {"t": pieces}) for pieces in split(array, world)]
+            assert combine(ranks) == whole, (world, split.__name__)
+    if array.size > 1:  # the position counts: swapping two different values changes it
+        flat = array.reshape(-1).copy()
+        i, j = next((i, j) for i in range(flat.size) for j in range(i + 1, flat.size) if flat[i] != flat[j])
+        flat[[i, j]] = flat[[j, i]]
+        assert combine([partial_sums(driver, {"t": [(flat.reshape(shape), (), ())]})]) != whole

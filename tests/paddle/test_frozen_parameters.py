@@ -1,31 +1,25 @@
-"""Frozen parameters with paddle: ``stop_gradient`` layers are left out of checkpoints and fingerprinted; batch
-norm statistics (parameters in paddle, but updated by the forward pass) are saved like buffers; a resume is
-bit-exact and a resume onto another base is refused."""
+"""Frozen parameters with paddle (``stop_gradient``): left out of checkpoints and fingerprinted; batch norm
+statistics (parameters in paddle, but updated by the forward pass) saved like buffers; the resume bit-exact;
+another base refused (the scenario of ``tests/_frozen_rule.py``)."""
 
 from __future__ import annotations
 
-import json
-import os
-
-import numpy as np
 import paddle
-import pytest
-from safetensors import safe_open
 
-from drivetrain import CheckpointCallback, CheckpointError, Trainer, seed_everything
+from drivetrain import Trainer
 
-from .._signals import run_until_ctrl_c
+from .._frozen_rule import BATCH, check_frozen_run, pretrained, samples
 
 
 class Frozen(paddle.nn.Layer):
     def __init__(self, seed: int = 0) -> None:
         super().__init__()
-        rng = np.random.default_rng(seed)
         self.encoder = paddle.nn.Linear(8, 16)
-        self.encoder.weight.set_value(rng.standard_normal((8, 16)).astype("float32"))  # the "pretrained" base
-        self.encoder.bias.set_value(rng.standard_normal(16).astype("float32"))
+        self.encoder.weight.set_value(pretrained(seed, (8, 16)))  # paddle keeps a Linear weight as [in, out]
+        self.encoder.bias.set_value(pretrained(seed + 10, (16,)))
         for p in self.encoder.parameters():
             p.stop_gradient = True
+        paddle.seed(0)
         self.norm = paddle.nn.BatchNorm1D(16)
         self.head = paddle.nn.Linear(16, 3)
 
@@ -34,40 +28,17 @@ class Frozen(paddle.nn.Layer):
         return {"loss": paddle.nn.functional.cross_entropy(logits, y), "pred": logits}
 
 
-def batches() -> paddle.io.DataLoader:
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((96, 8)).astype("float32")
-    y = ((x[:, 0] > 0).astype("int64") + (x[:, 1] > 0).astype("int64"))
-    data = [{"x": x[i], "y": y[i]} for i in range(96)]
-    return paddle.io.DataLoader(data, batch_size=8, shuffle=True)
-
-
 def trainer_for(model, **kwargs) -> Trainer:
+    x, y = samples()
+    data = [{"x": x[i], "y": y[i]} for i in range(len(x))]
     optimizer = paddle.optimizer.Adam(learning_rate=0.01, parameters=[p for p in model.parameters()
                                                                       if not p.stop_gradient])
-    return Trainer(model, batches(), optimizer, driver="paddle", device="cpu", n_epochs=2, progress_bar=None,
-                   **kwargs)
+    return Trainer(model, paddle.io.DataLoader(data, batch_size=BATCH, shuffle=True), optimizer, driver="paddle",
+                   device="cpu", n_epochs=2, progress_bar=None, **kwargs)
 
 
 def test_a_frozen_layer_is_left_out_statistics_kept_and_the_resume_is_exact(tmp_path) -> None:
-    seed_everything(0)
-    reference = trainer_for(Frozen())
-    reference.run(num_eval_sanity_batch=0)
-
-    seed_everything(0)
-    first = trainer_for(Frozen(), callbacks=[CheckpointCallback(tmp_path / "ckpt", every_n_batches=5)])
-    run_until_ctrl_c(first, 17, num_eval_sanity_batch=0)
-    folder = tmp_path / "ckpt" / "step_00000015-epoch_1-batch_3"
-    with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
-        assert set(f.keys()) == {"norm.weight", "norm.bias", "norm._mean", "norm._variance", "head.weight",
-                                 "head.bias"}
-    with open(folder / "manifest.json") as f:
-        assert set(json.load(f)["frozen"]["tensors"]) == {"encoder.weight", "encoder.bias"}
-
-    resumed = trainer_for(Frozen())
-    resumed.run(resume_from=tmp_path / "ckpt", num_eval_sanity_batch=0)
-    for name, value in reference.model.state_dict().items():
-        np.testing.assert_array_equal(value.numpy(), resumed.model.state_dict()[name].numpy(), err_msg=name)
-
-    with pytest.raises(CheckpointError, match="not the ones it was trained on: their values differ"):
-        trainer_for(Frozen(seed=1)).load_checkpoint(folder)
+    check_frozen_run(tmp_path, make_model=Frozen, trainer_for=trainer_for,
+                     weights=lambda model: {k: v.numpy() for k, v in model.state_dict().items()},
+                     kept={"norm.weight", "norm.bias", "norm._mean", "norm._variance", "head.weight", "head.bias"},
+                     frozen={"encoder.weight", "encoder.bias"})

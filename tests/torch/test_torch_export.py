@@ -177,3 +177,36 @@ def test_bf16_weights_are_copied_bit_for_bit(tmp_path) -> None:
     loaded = load_file(out)
     assert loaded["body.0.weight"].dtype == torch.bfloat16
     _assert_loads_equal(out, model.state_dict(), Net().to(torch.bfloat16))
+
+
+def test_a_torch_compiled_model_exports_and_resumes_under_its_own_names(tmp_path) -> None:
+    """``torch.compile`` wraps the model (its state_dict keys gain ``_orig_mod.``); checkpoints, exports and
+    resumes use the user's module's names, so a plain model loads them and a compiled one resumes from them."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+
+    def trainer_for(model: torch.nn.Module, **kwargs) -> Trainer:
+        loader = DataLoader(data, batch_size=8, collate_fn=lambda items: {
+            "x": torch.stack([i[0] for i in items]), "y": torch.stack([i[1] for i in items])})
+        return Trainer(model, loader, torch.optim.Adam(model.parameters(), lr=0.05), driver="torch", n_epochs=2,
+                       progress_bar=None, **kwargs)
+
+    torch.manual_seed(1)
+    compiled = torch.compile(Net(), backend="eager")  # the eager backend: compiles nothing, wraps the same way
+    assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    trainer = trainer_for(compiled, n_batches=5)
+    trainer.run()
+    ckpt = trainer.save_checkpoint(tmp_path / "ckpt")
+    expected = {k.removeprefix("_orig_mod."): v.clone() for k, v in compiled.state_dict().items()}
+    _assert_loads_equal(drivetrain.export_weights(ckpt, tmp_path / "w.safetensors"), expected, Net())
+
+    torch.manual_seed(1)
+    again = torch.compile(Net(), backend="eager")
+    resumed = trainer_for(again)
+    resumed.run(resume_from=ckpt)
+    torch.manual_seed(1)
+    plain = Net()
+    reference = trainer_for(plain)
+    reference.run()
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, again.state_dict()["_orig_mod." + name]), name

@@ -162,7 +162,8 @@ def load_state_shards(engine: Any, source: ShardSource, with_optimizers: bool, o
     with contextlib.ExitStack() as files, torch.no_grad():
         reader = Reader(files)
         for name, param in params:
-            _load_parameter(reader, source, MODEL_PREFIX + name, param)
+            if name not in source.frozen:  # a frozen parameter the checkpoint left out keeps the model's value
+                _load_parameter(reader, source, MODEL_PREFIX + name, param)
         for name, buffer in buffers.items():
             reader.fill(source, MODEL_PREFIX + name, buffer)
         if meta is not None:

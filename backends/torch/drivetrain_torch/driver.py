@@ -65,13 +65,22 @@ class TorchSingleDriver(ModuleDriver):
         self._precision = Precision(self.precision, self.device, options.get("grad_scaler_kwargs"))
         self.grad_scaler = self._precision.scaler
 
-    def companion_files(self, *, save_frozen: bool) -> dict[str, Any]:
-        """A peft model's adapter files (what ``PeftModel.from_pretrained`` reads) when its base is left out;
-        nothing for any other model, or with ``save_frozen=True`` (the folder then holds the whole model)."""
+    def companion_files(self, *, save_frozen: bool, merged: bool = False) -> dict[str, Any]:
+        """A peft model's adapter files (what ``PeftModel.from_pretrained`` reads) when its base is left out; its
+        base's Hugging Face ``config.json`` beside merged weights; nothing for any other model, or with
+        ``save_frozen=True`` (the folder then holds the whole model)."""
         model = self.unwrap_model()
+        if merged:
+            return _peft.base_config_files(model)
         if save_frozen or not _peft.is_peft_model(model):
             return {}
         return _peft.adapter_files(model, self.tensor_file)
+
+    def merged_adapter_state(self) -> dict[str, Any] | None:
+        """A peft LoRA model's weights with the adapter folded in (see :func:`._peft.merged_state`); None for any
+        other model."""
+        model = self.unwrap_model()
+        return _peft.merged_state(model) if _peft.is_peft_model(model) else None
 
     # ---------------------------------------------------------------------- model
     def unwrap_model(self) -> torch.nn.Module:

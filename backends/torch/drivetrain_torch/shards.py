@@ -102,7 +102,8 @@ def load_state_shards(module: torch.nn.Module, optimizers: list[torch.optim.Opti
     with contextlib.ExitStack() as files, torch.no_grad():
         reader = Reader(files)
         for name, tensor in model.items():
-            reader.fill(source, MODEL_PREFIX + name, tensor)
+            if name not in source.frozen:  # a frozen parameter the checkpoint left out keeps the model's value
+                reader.fill(source, MODEL_PREFIX + name, tensor)
         for index, (optimizer, meta) in enumerate(zip(optimizers if with_optimizers else [], metas, strict=True)):
             _load_optimizer(module, optimizer, index, meta, source, reader)
 
@@ -137,13 +138,13 @@ class Reader:
 
 def check_model(model: Mapping[str, torch.Tensor], source: ShardSource) -> None:
     saved = source.model_keys()
-    missing, unexpected = sorted(set(model) - set(saved)), sorted(set(saved) - set(model))
+    missing, unexpected = sorted(set(model) - set(saved) - source.frozen), sorted(set(saved) - set(model))
     if missing or unexpected:
         raise CheckpointError(
             f"{source.folder}: the saved model does not match this model; missing {missing[:10]}, unexpected "
             f"{unexpected[:10]}. Build the same model architecture as the run that saved it."
         )
-    wrong = [(k, saved[k], tuple(t.shape)) for k, t in model.items() if saved[k] != tuple(t.shape)]
+    wrong = [(k, saved[k], tuple(t.shape)) for k, t in model.items() if k in saved and saved[k] != tuple(t.shape)]
     if wrong:
         raise CheckpointError(f"{source.folder}: shapes differ (name, saved, model): {wrong[:10]}.")
 

@@ -43,6 +43,7 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str
     folder = _checkpoint_folder(checkpoint)
     manifest = read_manifest(folder)
     target = _target(out)
+    _refuse_frozen(folder, manifest)
     if is_sharded(manifest):
         entries = _merged_shards(folder)
 
@@ -53,13 +54,6 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str
         return target
     source = os.path.join(folder, MODEL_FILE)
     _verify(folder, manifest)
-    frozen = manifest.get(FROZEN_KEY)
-    if frozen:
-        raise CheckpointError(
-            f"{folder} holds the trainable parameters only: its {len(frozen.get('tensors', {}))} frozen ones "
-            f"({frozen.get('bytes', 0)} bytes) were left out, to be taken from the base model when it is loaded. "
-            "For one file with the whole model, load it into the model (trainer.load_model(folder), or "
-            "run(resume_from=folder)) and write trainer.save_model(DIR, save_frozen=True).")
     if os.path.exists(target) and os.path.samefile(target, source):
         raise ValueError(f"export_weights(out={os.fspath(out)!r}) is the checkpoint's own model file; "
                          "pass a path outside the checkpoint folder.")
@@ -79,6 +73,17 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str
         except BufferError:  # views still held by an exception's traceback: the map closes when they go
             pass
     return target
+
+
+def _refuse_frozen(folder: str, manifest: dict[str, Any]) -> None:
+    """A folder that left its frozen parameters out has no whole model to export: say how to get one."""
+    frozen = manifest.get(FROZEN_KEY)
+    if frozen:
+        raise CheckpointError(
+            f"{folder} holds the trainable parameters only: its {len(frozen.get('tensors', {}))} frozen ones "
+            f"({frozen.get('bytes', 0)} bytes) were left out, to be taken from the base model when it is loaded. "
+            "For one file with the whole model, load it into the model (trainer.load_model(folder), or "
+            "run(resume_from=folder)) and write trainer.save_model(DIR, save_frozen=True).")
 
 
 def _target(out: str | os.PathLike) -> str:

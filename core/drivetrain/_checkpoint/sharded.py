@@ -42,6 +42,7 @@ from .folder import (
     verified_file,
 )
 from .folder import write_files as _write_files
+from .frozen import FROZEN_KEY, cached_sums, check_frozen, combine, frozen_names
 
 MODEL_PREFIX = "model/"
 LAYOUT_FILE = "shards.json"
@@ -140,11 +141,16 @@ class _Chunk:
 class ShardSource:
     """A verified sharded checkpoint, as a loading driver sees it: keys, shapes, dtypes, meta, and read plans."""
 
-    def __init__(self, folder: str, layout: Mapping[str, Any], meta: Any, world_size: int) -> None:
+    def __init__(self, folder: str, layout: Mapping[str, Any], meta: Any, world_size: int,
+                 frozen: Iterable[str] = ()) -> None:
         self.folder = folder
         self.meta = meta
         self.world_size = world_size
         """How many processes wrote the checkpoint."""
+        self.frozen = frozenset(frozen)
+        """Frozen parameters (names without the ``model/`` prefix) the checkpoint left out: the loading driver
+        keeps the model's own values for them (the core has checked them against the checkpoint's
+        fingerprint) and neither expects nor reads them."""
         self._tensors = layout
 
     @property
@@ -212,11 +218,31 @@ def cannot_read_shards(driver: Driver, source: ShardSource) -> CheckpointError:
     )
 
 
-def load_shards(driver: Driver, source: ShardSource, *, optimizers: bool) -> None:
-    """``driver.load_state_shards`` where the driver declares it reads them, else the error saying what to do."""
+def load_shards(driver: Driver, source: ShardSource, *, optimizers: bool, frozen: Mapping[str, Any] | None = None
+                ) -> None:
+    """``driver.load_state_shards`` where the driver declares it reads them, else the error saying what to do;
+    every rank. ``frozen``: the checkpoint's record of the frozen parameters it left out, checked against the
+    model first."""
     if not driver.reads_state_shards:
         raise cannot_read_shards(driver, source)
+    if frozen:
+        check_frozen(driver, frozen, lambda: _frozen_pieces(driver, frozen["tensors"]), source.folder,
+                     gather=driver.shards_state)
     driver.load_state_shards(source, optimizers=optimizers)
+
+
+def _frozen_pieces(driver: Driver, names: Iterable[str]) -> dict[str, list[tuple[Any, tuple, tuple]]]:
+    """The pieces of the frozen parameters ``names`` this rank holds: its shards for a sharding driver, the
+    whole tensors otherwise (every rank of an unsharded run holds them all)."""
+    if not driver.shards_state:
+        state = driver.model_state()
+        return {n: [(state[n], (), ())] for n in names if n in state}
+    pieces = driver.state_shards(optimizers=False).pieces
+    return {n: _as_list(pieces[MODEL_PREFIX + n]) for n in names if MODEL_PREFIX + n in pieces}
+
+
+def _as_list(given: ShardPiece | list[ShardPiece]) -> list[tuple[Any, tuple, tuple]]:
+    return [(p.tensor, p.offsets, p.shape) for p in ([given] if isinstance(given, ShardPiece) else given)]
 
 
 def shard_file(rank: int, world_size: int) -> str:
@@ -226,10 +252,11 @@ def shard_file(rank: int, world_size: int) -> str:
 # ----------------------------------------------------------------------------------------- writing
 def write_sharded_checkpoint(driver: Driver, folder: str,
                              rank0_files: Callable[[], tuple[dict[str, FileContent], dict[str, Any]]], *,
-                             optimizers: bool) -> None:
+                             optimizers: bool, save_frozen: bool = False) -> None:
     """Every rank: write this rank's shards (``driver.state_shards(optimizers=...)``: without the optimizer
     states for a model-only save) and, on rank 0, ``rank0_files()`` (the other files and the manifest's
-    fields) into one temporary folder, then rename it to ``folder``.
+    fields) into one temporary folder, then rename it to ``folder``. Frozen parameters are left out, their
+    fingerprint kept in the manifest, unless ``save_frozen`` (see :mod:`.frozen`).
 
     The ranks agree on the outcome: when any rank fails, the temporary folder is removed, the
     previous checkpoint under ``folder`` stays as it was, and every rank raises naming the rank.
@@ -242,9 +269,11 @@ def write_sharded_checkpoint(driver: Driver, folder: str,
     error: str | None = None
     manifest: dict[str, Any] = {}
     meta: Any = None
+    sums: dict[str, tuple] = {}
     try:
         os.makedirs(tmp, exist_ok=True)
         shards = driver.state_shards(optimizers=optimizers)
+        sums = _leave_out_frozen(driver, shards, save_frozen)
         name = shard_file(rank, world)
         stored = shards.stored()
         content = driver.tensor_file({file_key: piece.tensor for file_key, (_, piece) in stored.items()})
@@ -260,16 +289,31 @@ def write_sharded_checkpoint(driver: Driver, folder: str,
         failure: BaseException | None = exc
     else:
         failure = None
-    gathered = driver.all_gather_object((records, layout, error))
-    failed = [(r, e) for r, (_, _, e) in enumerate(gathered) if e is not None]
+    gathered = driver.all_gather_object((records, layout, error, sums))
+    failed = [(r, e) for r, (_, _, e, _) in enumerate(gathered) if e is not None]
     outcome = None
     if rank == 0:
+        frozen = [s for *_, s in gathered if s]
+        if frozen:
+            manifest = dict(manifest, **{FROZEN_KEY: combine(frozen)})
         outcome = _first_failure(failed, folder) or _finish(folder, tmp, gathered, manifest, meta, world)
         if outcome is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     outcome = driver.broadcast_object(outcome)  # every rank leaves together, the folder already tidied
     if outcome is not None:
         raise CheckpointError(outcome) from failure
+
+
+def _leave_out_frozen(driver: Driver, shards: StateShards, save_frozen: bool) -> dict[str, tuple]:
+    """Remove the frozen parameters' pieces from ``shards``; return this rank's checksums of them."""
+    model_names = [key[len(MODEL_PREFIX):] for key in shards.pieces if key.startswith(MODEL_PREFIX)]
+    names = frozen_names(driver, model_names, save_frozen)
+    if not names:
+        return {}
+    sums = cached_sums(driver, names, lambda: {n: _as_list(shards.pieces[MODEL_PREFIX + n]) for n in names})
+    for name in names:
+        del shards.pieces[MODEL_PREFIX + name]
+    return sums
 
 
 def _first_failure(failed: list[tuple[int, str]], folder: str) -> str | None:
@@ -280,13 +324,13 @@ def _first_failure(failed: list[tuple[int, str]], folder: str) -> str | None:
             "checkpoint under this name, if any, is unchanged.")
 
 
-def _finish(folder: str, tmp: str, gathered: list[tuple[dict, list, str | None]], manifest: dict[str, Any],
+def _finish(folder: str, tmp: str, gathered: list[tuple[dict, list, str | None, dict]], manifest: dict[str, Any],
             meta: Any, world: int) -> str | None:
     """Rank 0: merge the ranks' layouts and records, check every file arrived, write the manifest, rename."""
     try:
         records: dict[str, Any] = {}
         tensors: dict[str, Any] = {}
-        for rank_records, rank_layout, _ in gathered:
+        for rank_records, rank_layout, *_ in gathered:
             records.update(rank_records)
             _merge_layout(tensors, rank_layout)
         for name, record in records.items():
@@ -392,9 +436,10 @@ def open_shards(driver: Driver, loaded: LoadedCheckpoint) -> ShardSource:
 _HEADER_LIMIT = 100 << 20
 
 
-def whole_file_source(path: str) -> ShardSource:
+def whole_file_source(path: str, frozen: Iterable[str] = ()) -> ShardSource:
     """A plain safetensors file of model weights (a ``model.safetensors``, an export, a Hugging Face file) seen
-    as a sharded checkpoint one process wrote, so a sharding driver reads only the slices each rank keeps."""
+    as a sharded checkpoint one process wrote, so a sharding driver reads only the slices each rank keeps;
+    ``frozen``: the frozen parameters its folder left out."""
     try:
         with open(path, "rb") as f:
             length = int.from_bytes(f.read(8), "little")
@@ -407,7 +452,7 @@ def whole_file_source(path: str) -> ShardSource:
              "key": name}]} for name, info in header.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc}).") from exc
-    return ShardSource(os.path.dirname(os.path.abspath(path)), layout, None, 1)
+    return ShardSource(os.path.dirname(os.path.abspath(path)), layout, None, 1, frozen)
 
 
 def parse_layout(folder: str, manifest: Mapping[str, Any], data: bytes | None) -> ShardSource:
@@ -421,4 +466,5 @@ def parse_layout(folder: str, manifest: Mapping[str, Any], data: bytes | None) -
             _chunks(entry)
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{folder}/{name} is damaged: {type(exc).__name__}: {exc}.") from exc
-    return ShardSource(folder, tensors, meta, int(manifest["sharded"].get("world_size", 0)))
+    frozen = (manifest.get(FROZEN_KEY) or {}).get("tensors", {})
+    return ShardSource(folder, tensors, meta, int(manifest["sharded"].get("world_size", 0)), frozen)

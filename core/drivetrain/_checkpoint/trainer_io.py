@@ -12,6 +12,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from .._loop_plan import ResumedFrom
+from .._stateful_data import loader_position
 from .folder import (
     CheckpointError,
     read_checkpoint,
@@ -20,10 +21,12 @@ from .folder import (
     verified_file,
     write_checkpoint,
 )
+from .frozen import FROZEN_KEY
 from .sharded import is_sharded, load_shards, open_shards, whole_file_source, write_sharded_checkpoint
 from .training import (
     MODEL_FILE,
     build_checkpoint,
+    build_merged_checkpoint,
     build_model_checkpoint,
     check_format,
     check_model_fits,
@@ -42,7 +45,7 @@ def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool
     path = os.path.abspath(os.fspath(folder))
     trainer.fire("on_save_checkpoint")
     callback_states = trainer.callback_manager.states(trainer)
-    mine = process_state(driver)
+    mine = dict(process_state(driver), loader=loader_position(trainer.dataloader) if trainer._sampler is None else None)
     processes = driver.all_gather_object(mine) if driver.is_distributed() else [mine]
     sampler = trainer._sampler
 
@@ -55,7 +58,7 @@ def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool
         )
 
     if driver.shards_state:  # every rank writes its own shards, nothing is gathered
-        write_sharded_checkpoint(driver, path, lambda: files(sharded=True), optimizers=True)
+        write_sharded_checkpoint(driver, path, lambda: files(sharded=True), optimizers=True, save_frozen=save_frozen)
         return path
     with driver.gathering_state():  # every rank: a driver that gathers its sharded state for rank 0 does it here
         if driver.is_global_zero:
@@ -97,7 +100,7 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
         )
     # -- everything is checked (a sharded load checks its keys and shapes before copying): apply, weights first
     if shards is not None:
-        load_shards(driver, shards, optimizers=True)
+        load_shards(driver, shards, optimizers=True, frozen=loaded.manifest.get(FROZEN_KEY))
     else:
         driver.load_model_state(decoded.model)
         driver.load_optimizer_states(state["optimizers"])
@@ -113,6 +116,7 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
     if trainer._sampler is not None and state["sampler"] is not None:
         trainer._sampler.load_state_dict(state["sampler"])
     trainer.fire("on_load_checkpoint", state["callbacks"])
+    trainer._resume_loader_states = [process.get("loader") for process in state["processes"]]
     restore_process_state(driver, state)  # last, so nothing done while loading shifts the restored RNGs
 
 
@@ -144,13 +148,16 @@ def _verified_model_file(driver: Any, path: str) -> str:
     return os.path.join(folder, MODEL_FILE)
 
 
-def save_model(trainer: Trainer, folder: str | os.PathLike, save_frozen: bool = False) -> str:
+def save_model(trainer: Trainer, folder: str | os.PathLike, save_frozen: bool = False,
+               merge_adapters: bool = False) -> str:
     """Write the model's weights as the folder ``folder``; returns the weights file's path."""
     path = os.path.abspath(os.fspath(folder))
     driver = trainer.driver
+    if merge_adapters:
+        return _save_merged(trainer, path)
     if driver.shards_state:
         write_sharded_checkpoint(driver, path, lambda: build_model_checkpoint(driver, sharded=True),
-                                 optimizers=False)
+                                 optimizers=False, save_frozen=save_frozen)
         trainer.fire("on_save_model")
         return path
     with driver.gathering_state():
@@ -161,13 +168,31 @@ def save_model(trainer: Trainer, folder: str | os.PathLike, save_frozen: bool = 
     return os.path.join(path, MODEL_FILE)
 
 
+def _save_merged(trainer: Trainer, path: str) -> str:
+    driver = trainer.driver
+    if driver.shards_state:
+        raise CheckpointError(
+            f"save_model(merge_adapters=True) folds the adapter into the whole base model in one process; driver "
+            f"{driver.name!r} shards the model. Save the adapter with save_model(folder), then in one process with "
+            "driver='torch' (the same base and adapter) load_model(folder) and save_model(out, merge_adapters=True).")
+    with driver.gathering_state():
+        if driver.is_global_zero:
+            write_checkpoint(path, *build_merged_checkpoint(driver))
+    trainer.fire("on_save_model")
+    driver.barrier()
+    return os.path.join(path, MODEL_FILE)
+
+
 def load_model(trainer: Trainer, folder: str | os.PathLike) -> None:
     """Load weights from a folder (checksums verified first) or from a bare ``.safetensors`` file."""
     driver = trainer.driver
     path = os.fspath(folder)
-    if driver.shards_state and not (os.path.isdir(path) and is_sharded(read_manifest(path))):
+    manifest = read_manifest(path) if driver.shards_state and os.path.isdir(path) else {}
+    if driver.shards_state and not is_sharded(manifest):
         # a sharding driver reads a whole-file model by slices too: no rank holds the full weights
-        load_shards(driver, whole_file_source(_verified_model_file(driver, path)), optimizers=False)
+        frozen = manifest.get(FROZEN_KEY)
+        source = whole_file_source(_verified_model_file(driver, path), (frozen or {}).get("tensors", ()))
+        load_shards(driver, source, optimizers=False, frozen=frozen)
         trainer.fire("on_load_model")
         return
     if os.path.isfile(path):
@@ -176,7 +201,7 @@ def load_model(trainer: Trainer, folder: str | os.PathLike) -> None:
         loaded = read_checkpoint(path, skip_shards=True)
         tensors = decode_checkpoint(loaded, driver, allow_pickle=False, model_only=True).model
         if is_sharded(loaded.manifest):
-            load_shards(driver, open_shards(driver, loaded), optimizers=False)
+            load_shards(driver, open_shards(driver, loaded), optimizers=False, frozen=loaded.manifest.get(FROZEN_KEY))
             trainer.fire("on_load_model")
             return
     check_model_fits(driver, tensors, path)

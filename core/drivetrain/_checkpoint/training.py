@@ -128,9 +128,26 @@ def build_model_checkpoint(driver: Driver, sharded: bool = False,
     return files, manifest
 
 
-def _companion_files(driver: Driver, save_frozen: bool) -> dict[str, FileContent]:
+def build_merged_checkpoint(driver: Driver) -> tuple[dict[str, FileContent], dict[str, Any]]:
+    """A weights-only folder of the model with its adapters folded into the base
+    (:meth:`~drivetrain.Driver.merged_adapter_state`): a whole model under the base model's names."""
+    merged = driver.merged_adapter_state()
+    if merged is None:
+        raise DrivetrainError(
+            f"save_model(merge_adapters=True): driver {driver.name!r} found no adapter to merge in this model (a peft "
+            "LoRA model on the torch driver has one). save_model(folder, save_frozen=True) writes the whole model "
+            "as it is.")
+    files: dict[str, FileContent] = {MODEL_FILE: driver.tensor_file(merged)}
+    files.update(_companion_files(driver, save_frozen=True, merged=True))
+    return files, {"drivetrain_version": __version__, "driver": format_name(driver),
+                   "framework_version": driver.framework_version(), "kind": "model", "pickle": False,
+                   "merged_adapters": True}
+
+
+def _companion_files(driver: Driver, save_frozen: bool, merged: bool = False) -> dict[str, FileContent]:
     """The driver's :meth:`~drivetrain.Driver.companion_files`, refused where a name is drivetrain's own."""
-    files = driver.companion_files(save_frozen=save_frozen)
+    files = driver.companion_files(save_frozen=save_frozen, merged=True) if merged else \
+        driver.companion_files(save_frozen=save_frozen)
     taken = sorted(set(files) & {MODEL_FILE, STATE_TENSORS, STATE_JSON, PICKLE_FILE, "manifest.json"})
     if taken or any(os.sep in name or name.startswith(".") for name in files):
         raise DrivetrainError(f"driver {driver.name!r}: companion_files() names {sorted(files)}; plain file names "

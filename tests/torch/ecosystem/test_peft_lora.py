@@ -8,10 +8,18 @@ import os
 
 import pytest
 import torch
+from safetensors import safe_open
 from torch.utils.data import DataLoader
 from transformers import GPT2LMHeadModel
 
-from drivetrain import CheckpointCallback, CheckpointError, Trainer, seed_everything
+from drivetrain import (
+    CheckpointCallback,
+    CheckpointError,
+    DrivetrainError,
+    Trainer,
+    export_weights,
+    seed_everything,
+)
 
 from ..._signals import run_until_ctrl_c
 from .conftest import counting_samples, gpt2_config
@@ -88,3 +96,36 @@ def test_a_model_that_is_not_a_peft_model_gets_no_adapter_files(tmp_path) -> Non
     trainer.run(num_eval_sanity_batch=0)
     trainer.save_model(tmp_path / "plain")
     assert sorted(os.listdir(tmp_path / "plain")) == ["manifest.json", "model.safetensors"]
+
+
+def test_merge_adapters_writes_the_base_with_the_adapter_folded_in_that_from_pretrained_reads(tmp_path) -> None:
+    seed_everything(0)
+    trainer = trainer_for(lora(base_model()))
+    trainer.run(num_eval_sanity_batch=0)
+    before = {name: value.clone() for name, value in trainer.model.state_dict().items()}
+    trainer.save_model(tmp_path / "merged", merge_adapters=True)
+    assert sorted(os.listdir(tmp_path / "merged")) == ["config.json", "manifest.json", "model.safetensors"]
+    assert all(torch.equal(value, trainer.model.state_dict()[name]) for name, value in before.items())  # unchanged
+
+    merged = GPT2LMHeadModel.from_pretrained(tmp_path / "merged")  # no peft, no base: the folder alone
+    ids = torch.arange(12).reshape(1, 12)
+    trainer.model.eval()
+    merged.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, trainer.model(input_ids=ids).logits)
+    # the same tensors peft's own merge_and_unload gives
+    unloaded = trainer.model.merge_and_unload().state_dict()
+    assert set(merged.state_dict()) == set(unloaded)
+    for name, value in unloaded.items():
+        assert torch.equal(merged.state_dict()[name], value), name
+
+    exported = export_weights(tmp_path / "merged", tmp_path / "one.safetensors")  # one file, the whole model
+    with safe_open(exported, framework="pt") as f:
+        assert torch.equal(f.get_tensor("transformer.h.0.attn.c_attn.weight"), unloaded["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_merge_adapters_without_an_adapter_says_what_to_use(tmp_path) -> None:
+    trainer = trainer_for(base_model())
+    with pytest.raises(DrivetrainError, match=r"found no adapter to merge.*save_frozen=True"):
+        trainer.save_model(tmp_path / "merged", merge_adapters=True)
+    assert not os.path.exists(tmp_path / "merged")
