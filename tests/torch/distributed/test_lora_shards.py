@@ -1,6 +1,7 @@
-"""``driver="torch_fsdp"`` on 2 ranks with a peft LoRA adapter on a frozen GPT-2 base (built from its config):
-each rank's shard file holds its share of the adapter only, the resume is bit-exact, another base is refused,
-and one process reads the 2-rank checkpoint. See ``_fsdp_lora_script.py`` for the phases."""
+"""Drivers that shard the model (``torch_fsdp``; ``deepspeed`` at ZeRO-3) on 2 ranks with a peft LoRA adapter on a
+frozen GPT-2 base (built from its config): each rank's shard file holds its share of the adapter only, the resume
+is bit-exact, another base is refused, and one process reads the 2-rank checkpoint. See
+``_lora_shards_script.py`` for the phases."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ pytest.importorskip("transformers")
 
 pytestmark = [pytest.mark.distributed, pytest.mark.torch, pytest.mark.timeout(300)]
 
-SCRIPT = str(Path(__file__).with_name("_fsdp_lora_script.py"))
+SCRIPT = str(Path(__file__).with_name("_lora_shards_script.py"))
 
 
-def _launch(out: Path, phases: str, nproc: int, *extra: str) -> None:
+def _launch(driver: str, out: Path, phases: str, nproc: int, *extra: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(free_port()), SCRIPT, str(out), phases, *extra]
+           str(free_port()), SCRIPT, driver, str(out), phases, *extra]
     run_to_end(cmd, out, 240)
 
 
@@ -32,11 +33,13 @@ def _read(out: Path, phase: str, world: int = 2) -> dict[int, dict]:
     return {r: json.loads((out / f"{phase}-rank{r}.json").read_text()) for r in range(world)}
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("fsdp-lora")
-    _launch(out, "reference,interrupt,resume,other-base", 2)
-    _launch(out, "load", 1, str(out / "ckpt"))
+@pytest.fixture(scope="module", params=["torch_fsdp", "deepspeed"])
+def run(request, tmp_path_factory) -> Path:
+    if request.param == "deepspeed":
+        pytest.importorskip("deepspeed")
+    out = tmp_path_factory.mktemp(f"{request.param}-lora")
+    _launch(request.param, out, "reference,interrupt,resume,other-base", 2)
+    _launch(request.param, out, "load", 1, str(out / "ckpt"))
     return out
 
 

@@ -1,10 +1,11 @@
-"""The program the FSDP LoRA tests start under torchrun: a peft LoRA adapter on a GPT-2 built from its config.
+"""The program the sharded LoRA tests start under torchrun: a peft LoRA adapter on a GPT-2 built from its config,
+trained by a driver that shards the model (``torch_fsdp``, or ``deepspeed`` at ZeRO-3 with nothing kept whole).
 
-    _fsdp_lora_script.py OUT PHASES [SOURCE]
+    _lora_shards_script.py DRIVER OUT PHASES [SOURCE]
 
 Runs the comma-separated PHASES in the same processes and writes ``OUT/<phase>-rank<r>.json`` per rank:
 
-- ``reference``: ``driver="torch_fsdp"``, 2 epochs; the full model state at the end;
+- ``reference``: 2 epochs; the full model state at the end;
 - ``interrupt``: the same run, a checkpoint into ``OUT/ckpt`` after ``STOP_AT`` batches, then stopped; the
   full model state at the checkpoint;
 - ``resume``: resumed from ``OUT/ckpt``; the full model state at the end;
@@ -17,9 +18,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+warnings.filterwarnings("ignore", category=FutureWarning)  # DeepSpeed calls torch collectives torch deprecates
 
 import peft  # noqa: E402
 import torch  # noqa: E402
@@ -32,6 +35,7 @@ torch.set_num_threads(1)
 
 VOCAB, SEQ_LEN, N_SAMPLES, BATCH = 64, 12, 32, 4
 STOP_AT = 3
+DRIVER = "torch_fsdp"
 
 
 def lora_model(base_seed: int = 0) -> torch.nn.Module:
@@ -68,10 +72,14 @@ def full_state(trainer: Trainer) -> dict[str, list[float]]:
             for name, t in sorted(state.items())}
 
 
+DRIVER_OPTIONS = {"torch_fsdp": {}, "deepspeed": {"deepspeed_kwargs": {
+    "zero_stage": 3, "config": {"zero_optimization": {"stage3_param_persistence_threshold": 0}}}}}
+
+
 def build(model: torch.nn.Module, callbacks: list) -> Trainer:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
-    return Trainer(model, DataLoader(samples(), batch_size=BATCH, shuffle=True), optimizer, driver="torch_fsdp",
-                   n_epochs=2, callbacks=callbacks, progress_bar=None)
+    return Trainer(model, DataLoader(samples(), batch_size=BATCH, shuffle=True), optimizer, driver=DRIVER,
+                   n_epochs=2, callbacks=callbacks, progress_bar=None, **DRIVER_OPTIONS[DRIVER])
 
 
 def run_phase(phase: str, out: str, source: str | None) -> dict:
@@ -95,7 +103,8 @@ def run_phase(phase: str, out: str, source: str | None) -> dict:
 
 
 def main() -> None:
-    out, phases, *source = sys.argv[1:]
+    global DRIVER
+    DRIVER, out, phases, *source = sys.argv[1:]
     for phase in phases.split(","):
         record = run_phase(phase, out, source[0] if source else None)
         with open(os.path.join(out, f"{phase}-rank{os.environ.get('RANK', '0')}.json"), "w") as f:
