@@ -5,7 +5,8 @@
 plugins that were refused; ``drivetrain backends --check NAME`` runs the conformance checks
 of ``drivetrain.testing`` on one installed backend and prints a pass/fail table per group.
 ``drivetrain plot RUN_DIR ... [-o curves.png]`` draws the curves of one or several run records.
-``drivetrain export CKPT [-o model.safetensors]`` writes a checkpoint's model weights as one safetensors file.
+``drivetrain export CKPT [-o model.safetensors] [--base BASE]`` writes a checkpoint's model weights as one safetensors
+file (with ``--base``, a LoRA adapter folded into its base model's weights).
 """
 
 from __future__ import annotations
@@ -115,22 +116,25 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("-o", "--output", default="model.safetensors",
                         help="the file to write, or a folder to write model.safetensors into "
                         "(default: model.safetensors)")
+    export.add_argument("--base", metavar="BASE", help="for a LoRA adapter folder (save_model of a peft model): the "
+                        "base model's safetensors file or from_pretrained folder; writes the base with the adapter "
+                        "folded in")
     args = parser.parse_args(argv)
     if args.command == "backends":
         return _check(args.check, sys.stdout) if args.check else _backends(sys.stdout)
     if args.command == "plot":
         return _plot(args.run_dirs, args.output, sys.stdout)
     if args.command == "export":
-        return _export(args.checkpoint, args.output, sys.stdout)
+        return _export(args.checkpoint, args.output, sys.stdout, args.base)
     return 2
 
 
-def _export(checkpoint: str, output: str, out: TextIO) -> int:
+def _export(checkpoint: str, output: str, out: TextIO, base: str | None = None) -> int:
     from ._checkpoint.export import export_weights
     from ._errors import DrivetrainError
 
     try:
-        path = export_weights(checkpoint, output)
+        path = export_weights(checkpoint, output, base=base)
     except (DrivetrainError, OSError, ValueError) as exc:
         message = str(exc).replace("export_weights(checkpoint=", "CKPT (").replace("export_weights(out=", "-o (")
         print(f"drivetrain export: {message}", file=sys.stderr)

@@ -210,3 +210,17 @@ def test_a_torch_compiled_model_exports_and_resumes_under_its_own_names(tmp_path
     reference.run()
     for name, value in plain.state_dict().items():
         assert torch.equal(value, again.state_dict()["_orig_mod." + name]), name
+
+
+def test_the_lora_merge_rounds_to_bf16_as_torch_does() -> None:
+    """``export --base`` of a bf16 base computes in float32 and rounds back to bf16: bit for bit torch's rounding."""
+    import numpy as np
+
+    from drivetrain._checkpoint.merge_lora import _as_float32, _from_float32
+
+    values = torch.randn(4096) * 10.0 ** torch.randint(-6, 6, (4096,))
+    values[:4] = torch.tensor([0.0, -0.0, float("inf"), 1.0 + 2.0 ** -8])  # a tie: to even
+    ours = _from_float32(values.numpy(), "BF16")
+    assert np.array_equal(ours, values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16))
+    back = _as_float32("BF16", (4096,), ours.tobytes())
+    assert torch.equal(torch.from_numpy(back), values.to(torch.bfloat16).float())

@@ -24,6 +24,7 @@ from .._io import atomic_write
 from . import safetensors_writer
 from .folder import MANIFEST, CheckpointError, list_checkpoints, read_checkpoint, read_manifest, verified_file
 from .frozen import FROZEN_KEY
+from .merge_lora import merged_entries
 from .sharded import MODEL_PREFIX, ShardRead, is_sharded, parse_layout
 from .training import MODEL_FILE
 
@@ -31,7 +32,8 @@ _HEADER_LIMIT = 100 << 20
 """Largest safetensors header accepted (the format's own readers refuse larger ones too)."""
 
 
-def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str:
+def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike, *,
+                   base: str | os.PathLike | None = None) -> str:
     """Write the model weights of ``checkpoint`` as the single safetensors file ``out``; return its path.
 
     ``checkpoint`` is a folder written by ``Trainer.save_checkpoint``, ``CheckpointCallback`` or
@@ -39,10 +41,17 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str
     the file to write, or an existing folder (``model.safetensors`` is written inside it, the name
     ``from_pretrained`` looks for). Tensor names are the model's ``state_dict`` keys. The file's
     checksum is verified before anything is read; ``out`` is replaced only once complete.
+
+    ``base``: for the ``save_model`` folder of a LoRA adapter (peft), the base model's weights (a
+    safetensors file, or a ``from_pretrained`` folder): the file written is the base with the adapter
+    folded in, under the base's names (as peft's ``merge_and_unload``); the base is checked against the
+    adapter folder's fingerprint of it first.
     """
     folder = _checkpoint_folder(checkpoint)
     manifest = read_manifest(folder)
     target = _target(out)
+    if base is not None:
+        return _export_merged(folder, manifest, os.fspath(base), target)
     _refuse_frozen(folder, manifest)
     if is_sharded(manifest):
         entries = _merged_shards(folder)
@@ -75,6 +84,26 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike) -> str
     return target
 
 
+def _export_merged(folder: str, manifest: dict[str, Any], base: str, target: str) -> str:
+    keep_open: list[Any] = []
+    try:
+        entries = merged_entries(folder, manifest, base, _read_entries, keep_open)
+        metadata = {**_export_metadata(manifest, folder), "drivetrain_merged_base": os.path.basename(base)}
+
+        def write(tmp: str) -> None:
+            safetensors_writer.write_file(tmp, entries, metadata, durable=False)
+
+        atomic_write(target, write)
+    finally:
+        entries = []
+        for data in keep_open:
+            try:
+                data.close()
+            except BufferError:  # views still held by an exception's traceback: the map closes when they go
+                pass
+    return target
+
+
 def _refuse_frozen(folder: str, manifest: dict[str, Any]) -> None:
     """A folder that left its frozen parameters out has no whole model to export: say how to get one."""
     frozen = manifest.get(FROZEN_KEY)
@@ -83,7 +112,8 @@ def _refuse_frozen(folder: str, manifest: dict[str, Any]) -> None:
             f"{folder} holds the trainable parameters only: its {len(frozen.get('tensors', {}))} frozen ones "
             f"({frozen.get('bytes', 0)} bytes) were left out, to be taken from the base model when it is loaded. "
             "For one file with the whole model, load it into the model (trainer.load_model(folder), or "
-            "run(resume_from=folder)) and write trainer.save_model(DIR, save_frozen=True).")
+            "run(resume_from=folder)) and write trainer.save_model(DIR, save_frozen=True); for a LoRA adapter, "
+            "export_weights(folder, out, base=BASE) (drivetrain export --base BASE) folds it into its base's file.")
 
 
 def _target(out: str | os.PathLike) -> str:

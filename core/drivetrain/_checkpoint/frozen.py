@@ -92,12 +92,12 @@ def _sum_pieces(driver: Driver, pieces: list[Piece]) -> tuple[str, list[int], in
     for tensor, offsets, shape in pieces:
         dtype, local, data = _bytes_of(driver, tensor)
         full = list(shape or local)
-        checksum = (checksum + _checksum(data, offsets or (0,) * len(local), local, full)) % _MOD
+        checksum = (checksum + box_checksum(data, offsets or (0,) * len(local), local, full)) % _MOD
         size += len(data)
     return dtype, full, checksum, size
 
 
-def _checksum(data: memoryview, offsets: tuple[int, ...], sizes: tuple[int, ...], shape: list[int]) -> int:
+def box_checksum(data: memoryview, offsets: tuple[int, ...], sizes: tuple[int, ...], shape: list[int]) -> int:
     """Sum of ``bits(x) * (2 * flat position of x in the full tensor + 1)`` modulo 2**64 over the box's elements.
 
     The box is read as rows along its last axis: a row starting at flat position ``s`` adds

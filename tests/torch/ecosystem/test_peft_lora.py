@@ -20,6 +20,7 @@ from drivetrain import (
     export_weights,
     seed_everything,
 )
+from drivetrain._cli import main as cli
 
 from ..._signals import run_until_ctrl_c
 from .conftest import counting_samples, gpt2_config
@@ -129,3 +130,31 @@ def test_merge_adapters_without_an_adapter_says_what_to_use(tmp_path) -> None:
     with pytest.raises(DrivetrainError, match=r"found no adapter to merge.*save_frozen=True"):
         trainer.save_model(tmp_path / "merged", merge_adapters=True)
     assert not os.path.exists(tmp_path / "merged")
+
+
+def test_export_base_folds_the_adapter_folder_into_the_base_file(tmp_path) -> None:
+    """From the files alone: the adapter folder save_model wrote and the base's from_pretrained folder."""
+    seed_everything(0)
+    trainer = trainer_for(lora(base_model()))
+    trainer.run(num_eval_sanity_batch=0)
+    trainer.save_model(tmp_path / "adapter")
+    base_model().save_pretrained(tmp_path / "base")  # the "pretrained" base as the Hub would have it
+
+    merged_dir = tmp_path / "merged"
+    merged_dir.mkdir()
+    assert cli(["export", str(tmp_path / "adapter"), "-o", str(merged_dir), "--base", str(tmp_path / "base")]) == 0
+    (merged_dir / "config.json").write_bytes((tmp_path / "base" / "config.json").read_bytes())
+    merged = GPT2LMHeadModel.from_pretrained(merged_dir)
+    unloaded = trainer.model.merge_and_unload().state_dict()
+    for name, value in merged.state_dict().items():  # numpy's B @ A against torch's: float32 rounding only
+        torch.testing.assert_close(value, unloaded[name], rtol=0, atol=1e-6, msg=name)
+    changed = "transformer.h.0.attn.c_attn.weight"
+    assert not torch.equal(merged.state_dict()[changed], base_model().state_dict()[changed])  # the adapter is in
+
+    base_model(seed=1).save_pretrained(tmp_path / "other-base")
+    with pytest.raises(CheckpointError, match="is not the base the adapter .* was trained on"):
+        export_weights(tmp_path / "adapter", tmp_path / "x.safetensors", base=tmp_path / "other-base")
+    trainer.save_model(tmp_path / "whole", save_frozen=True)
+    with pytest.raises(CheckpointError, match="holds no LoRA adapter"):
+        export_weights(tmp_path / "whole", tmp_path / "y.safetensors", base=tmp_path / "base")
+    assert not (tmp_path / "x.safetensors").exists() and not (tmp_path / "y.safetensors").exists()
