@@ -101,8 +101,11 @@ def check_keywords(cls: type) -> type:
     @functools.wraps(init)
     def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
         if not accepted.issuperset(kwargs):
-            raise unknown_arguments_error(cls.__name__, set(kwargs) - accepted, accepted,
-                                          f"{cls.__name__} accepts {', '.join(parameter_names(init))}.")
+            # a subclass that inherits this __init__ is called by its own name; one with its own __init__ that
+            # passes keywords on reaches this class's, whose parameters are the ones listed
+            name = type(self).__name__ if type(self).__init__ is checked_init else cls.__name__
+            raise unknown_arguments_error(name, set(kwargs) - accepted, accepted,
+                                          f"{name} accepts {', '.join(parameter_names(init))}.")
         init(self, *args, **kwargs)
 
     checked_init._checks_keywords = True  # type: ignore[attr-defined]

@@ -119,6 +119,13 @@ def test_a_users_own_subclasses_keep_working():
     with pytest.raises(ConfigurationError, match=r"CheckpointCallback got unexpected argument\(s\) \['topkk'\]"):
         MyCheckpoints("ckpt", topkk=1)
 
+    class Periodic(CheckpointCallback):  # inherits CheckpointCallback's __init__: named by its own name
+        pass
+
+    with pytest.raises(ConfigurationError, match=r"Periodic got unexpected argument\(s\) \['every_n_epoch'\] "
+                       r"\(every_n_epoch: did you mean every_n_epochs=\?\)\. Periodic accepts folder, "):
+        Periodic("ckpt", every_n_epoch=1)
+
     class Inherited(EarlyStopCallback):
         pass
 
