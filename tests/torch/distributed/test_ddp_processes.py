@@ -213,12 +213,13 @@ def _all_gone(pids: list[int], within: float) -> float:
 
 
 def test_a_rank_that_raises_takes_the_others_down_naming_it(launch, tmp_path) -> None:
-    done = launch(spawn("fail", str(tmp_path), "raise", "--timeout", "20")).wait(TIMEOUT)
+    done = launch(spawn("fail", str(tmp_path), "raise", "--timeout", "90")).wait(TIMEOUT)
     assert done.returncode != 0
     assert "ValueError: boom on purpose" in done.output
     assert "DistributedError" in done.output and "because rank 1 raised" in done.output
+    assert "did not answer within" not in done.output  # the peer's error, not the collective's timeout
     assert _all_gone(_pids(tmp_path), within=1.0) < 1.0
-    assert done.seconds < 20 + 10  # well inside the bound: the peer's error arrives at once
+    assert done.seconds < 90  # before the timeout could have fired (seconds on an idle machine; 34 s under load)
 
 
 def test_a_started_process_that_dies_before_the_trainer_is_reported_at_once(launch, tmp_path) -> None:
