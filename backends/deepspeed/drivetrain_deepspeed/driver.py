@@ -1,11 +1,12 @@
 """TorchDeepSpeedDriver: ``driver="deepspeed"``, the model trained by a DeepSpeed ZeRO engine (stages 1-3).
 
-It starts, stops and talks to its peers exactly as :class:`~.distributed.TorchDDPDriver`
+It starts, stops and talks to its peers exactly as drivetrain-torch's ``TorchDDPDriver`` (its
+subclass, through :mod:`drivetrain_torch.extension`)
 (torchrun or the ``deepspeed`` launcher, the Trainer's own processes, or a process group
 the user initialised; one process is a world of one); what differs:
 
 - at set-up, rank 0's weights are broadcast, then ``deepspeed.initialize`` builds the engine
-  from the config :func:`._deepspeed_plan.merged_config` made (the user's, filled from the
+  from the config :func:`._plan.merged_config` made (the user's, filled from the
   Trainer's arguments), with the user's torch optimizer or the config's;
 - the Trainer owns gradient accumulation: DeepSpeed runs with
   ``managed_gradient_accumulation=false``, so ``engine.backward`` only accumulates (the loss
@@ -19,8 +20,8 @@ the user initialised; one process is a world of one); what differs:
   a forward that gathers would then wait forever;
 - checkpoints are the torch drivers' (safetensors + JSON, nothing unpickled), sharded by
   default: each rank writes the ranges of the fp32 weights and optimizer state ZeRO gave it
-  (:mod:`._deepspeed_shards`), nothing gathered. With ``state_dict="full"`` every rank joins
-  :meth:`gathering_state`, which assembles the full state (:mod:`._deepspeed_state`), and
+  (:mod:`._shards`), nothing gathered. With ``state_dict="full"`` every rank joins
+  :meth:`gathering_state`, which assembles the full state (:mod:`._state`), and
   rank 0 writes it. Both kinds load at any stage and world size, in ``driver="torch"`` and
   ``"torch_fsdp"``, and theirs load here.
 """
@@ -38,9 +39,11 @@ import torch.distributed as dist
 
 from drivetrain.backend import DriverError, ShardSource, StateShards, loadable_model_state
 
-from . import _deepspeed_shards as _dss
-from . import _deepspeed_state as _ds
-from ._deepspeed_plan import (
+from drivetrain_torch.extension import PRECISION_DTYPES, TorchDDPDriver, as_tensor, call_through_wrapper, move_to_device
+
+from . import _shards as _dss
+from . import _state as _ds
+from ._plan import (
     CONFIG,
     DEEPSPEED_KWARGS,
     OPTIONS,
@@ -48,12 +51,8 @@ from ._deepspeed_plan import (
     check_accumulation,
     check_batch_size,
 )
-from ._deepspeed_plan import merged_config as _merged_config
-from ._device import move_to_device
-from .distributed import TorchDDPDriver, call_through_wrapper
-from .plugin import DEEPSPEED_CAPABILITIES
-from .precision import PRECISION_DTYPES
-from .state import as_tensor
+from ._plan import merged_config as _merged_config
+from .plugin import CAPABILITIES
 
 __all__ = ["TorchDeepSpeedDriver"]
 
@@ -68,10 +67,10 @@ class _ConfigOptimizer:
 
 
 class TorchDeepSpeedDriver(TorchDDPDriver):
-    """Drives one rank of a DeepSpeed ZeRO run (built by ``create_deepspeed_driver`` from a :class:`DeepSpeedPlan`)."""
+    """Drives one rank of a DeepSpeed ZeRO run (built by :data:`.factory.create_driver` from a :class:`DeepSpeedPlan`)."""
 
     name = "deepspeed"
-    capabilities = DEEPSPEED_CAPABILITIES
+    capabilities = CAPABILITIES
     checkpoint_format = "torch"  # the torch drivers' checkpoints: loads into driver="torch" and back
     reads_state_shards = True  # any stage reads only the ranges it owns
     accepted_kwargs: Mapping[str, str] = DEEPSPEED_KWARGS
@@ -381,13 +380,3 @@ def _cast_floats(batch: Any, dtype: torch.dtype) -> Any:
         return type(batch)(_cast_floats(value, dtype) for value in batch)
     return batch
 
-
-def create_deepspeed_driver(model: Any, device: Any, **options: Any) -> TorchDeepSpeedDriver:
-    """Build the ``deepspeed`` driver (its options arrive from ``deepspeed_kwargs=``)."""
-    from drivetrain.backend import module_driver_factory, planned_distributed
-
-    from .driver import TorchSingleDriver
-
-    factory = module_driver_factory(TorchSingleDriver, planned_distributed(
-        "drivetrain_torch._deepspeed_plan:plan_deepspeed", "drivetrain_torch.deepspeed:TorchDeepSpeedDriver"))
-    return factory(model, device, **options)
