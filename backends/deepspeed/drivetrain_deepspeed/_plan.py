@@ -27,7 +27,6 @@ from drivetrain.backend import (
     LauncherEnv,
     choice_option,
 )
-
 from drivetrain_torch.extension import DIST_KWARGS, DistPlan, plan_fields, wrapper_layout
 
 OPTIONS = "deepspeed_kwargs"

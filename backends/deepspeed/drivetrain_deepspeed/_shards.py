@@ -31,7 +31,6 @@ from drivetrain.backend import (
     StateShards,
     flat_range_boxes,
 )
-
 from drivetrain_torch.extension import ShardReader, check_model, optimizer_key, plain_group
 
 from . import _state as _ds

@@ -38,8 +38,13 @@ import torch
 import torch.distributed as dist
 
 from drivetrain.backend import DriverError, ShardSource, StateShards, loadable_model_state
-
-from drivetrain_torch.extension import PRECISION_DTYPES, TorchDDPDriver, as_tensor, call_through_wrapper, move_to_device
+from drivetrain_torch.extension import (
+    PRECISION_DTYPES,
+    TorchDDPDriver,
+    as_tensor,
+    call_through_wrapper,
+    move_to_device,
+)
 
 from . import _shards as _dss
 from . import _state as _ds
@@ -117,6 +122,10 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
                 f"{self.precision}; use precision={other!r}, or train on GPUs."
             )
 
+    def is_distributed(self) -> bool:
+        """A world of one is one process (its group of one aside): samplers and checkpoints as driver='torch''s."""
+        return self.world_size > 1
+
     def describe(self) -> str:
         import deepspeed
 
@@ -157,8 +166,12 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         self._micro_batches += 1
 
     def step(self) -> None:
-        """Reduce the accumulated gradients, clip them (``gradient_clipping``) and step: a cycle's end."""
-        if not self._checked_cycle and self._micro_batches:
+        """Reduce the accumulated gradients, clip them (``gradient_clipping``) and step: a cycle's end. With no
+        backward since the last step there are no gradients, so nothing moves (as a torch optimizer skips a
+        parameter whose gradient is None)."""
+        if not self._micro_batches:
+            return
+        if not self._checked_cycle:
             check_accumulation(self.plan, self._micro_batches)
             micro = self.engine.train_micro_batch_size_per_gpu()
             self.engine.set_train_batch_size(micro * self._micro_batches * self.world_size)
@@ -205,6 +218,11 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
             with torch.no_grad():
                 for tensor in [*module.parameters(), *module.buffers()]:
                     dist.broadcast(tensor, src=0)
+            if optimizer is None and not self._from_config and self.plan.zero_stage < 3:
+                # nothing to train (an Evaluator): ZeRO-1/2 shard only the training state, so the module serves as is
+                if self._cast is not None:
+                    module.to(self._cast)  # the dtype the engine would have given it
+                return
             self.engine, built, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config,
                                                             dist_init_required=False)
         if self.engine.optimizer is not None:
@@ -260,12 +278,17 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
     # ---------------------------------------------------------------------- state
     def state_shards(self, *, optimizers: bool) -> StateShards:
         """Every rank: its own ranges of the weights (and optimizer state), nothing gathered."""
+        if self.engine is None:
+            return super().state_shards(optimizers=optimizers)
         with self._released(), self._collective("writing the ZeRO partitions"):
             order = self._order if optimizers and self._has_optimizer() else []
             return _dss.state_shards(self.engine, self._dtypes, order, self.rank)
 
     def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
         """Every rank: its own ranges (and ZeRO-1/2's whole model copy) from any sharded layout."""
+        if self.engine is None:
+            super().load_state_shards(source, optimizers=optimizers)
+            return
         with self._released(), self._collective("loading a sharded checkpoint"):
             _dss.load_state_shards(self.engine, source, optimizers, self._order if self._has_optimizer() else [])
 
