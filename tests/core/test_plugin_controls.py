@@ -287,6 +287,19 @@ def test_a_waived_check_is_not_run_and_is_reported_with_its_reason():
     assert "19/19 checks passed, 1 waived by the kit" in text  # discovery too: it claims no model, like an engine
 
 
+def test_contract_suite_skips_a_waived_check_with_the_reason():
+    import unittest
+
+    from drivetrain.testing import ContractSuite
+
+    class Waiving(ContractSuite):
+        def make_kit(self):
+            return waiving_kit()
+
+    with pytest.raises(unittest.SkipTest, match="waived by the kit: this driver keeps gradients on purpose"):
+        Waiving().test_optimisation__backward_step_zero_grad()
+
+
 def test_a_waiver_naming_no_check_is_refused():
     code, text = _check_with_kit("typo_kit")
     assert code == 2

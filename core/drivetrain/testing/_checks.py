@@ -31,7 +31,7 @@ from .. import (
     Trainer,
     available_drivers,
 )
-from .._checkpoint.sharded import MODEL_PREFIX, ShardSource
+from .._checkpoint.shard_layout import MODEL_PREFIX, ShardSource
 from .._plugins import create_driver, resolve_spec
 from ._kit import CLASSES, BackendKit
 
