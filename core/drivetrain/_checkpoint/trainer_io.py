@@ -44,6 +44,7 @@ class Trainer(Protocol):
     not depend on the Trainer's module, which calls it."""
 
     driver: Driver
+    dataloader: Any
     callback_manager: Any
     accumulation_steps: int
     n_epochs: int | None
@@ -53,6 +54,7 @@ class Trainer(Protocol):
     _failed_by: BaseException | None
     _ended: str | None
     _resumed: ResumedFrom | None
+    _resume_loader_states: list[Any] | None
 
     def fire(self, name: str, *args: Any) -> None: ...
 
