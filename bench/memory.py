@@ -242,7 +242,7 @@ def main() -> None:
         worker(args.worker, args.steps, args.out)
         return
     if "zero3" in args.sides and importlib.util.find_spec("deepspeed") is None:
-        print("deepspeed is not installed: side zero3 skipped (pip install 'drivetrain-torch[deepspeed]')",
+        print("deepspeed is not installed: side zero3 skipped (pip install -e backends/torch -e backends/deepspeed)",
               file=sys.stderr)
         args.sides.remove("zero3")
     started, load = time.monotonic(), os.getloadavg()

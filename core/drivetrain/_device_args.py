@@ -8,9 +8,13 @@ words for a string it does not know; everything else is here, once.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
+
+import numpy as np
 
 from ._backend_checks import checked_cuda_index
 from ._errors import DriverError
@@ -92,10 +96,8 @@ def batch_mover(tensor_type: type, in_place: Callable[[Any], bool], to_device: C
     (or converts) the rest. ``movable(value)`` (default: an instance of ``tensor_type``)
     says what counts as a tensor, e.g. numeric numpy arrays too. The usual batch, a dict
     of ``tensor_type`` tensors already in place, is checked in one loop without recursion;
-    anything else goes through :func:`drivetrain.backend.move_nested`.
+    anything else goes through :func:`move_nested`.
     """
-    from .backend import move_nested
-
     def is_tensor(value: Any) -> bool:
         return isinstance(value, tensor_type)
 
@@ -114,3 +116,58 @@ def batch_mover(tensor_type: type, in_place: Callable[[Any], bool], to_device: C
         return move_nested(batch, walk, move)
 
     return move_batch
+
+
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), np.generic, np.ndarray)
+
+
+def move_nested(batch: Any, is_tensor: Callable[[Any], bool], move: Callable[[Any], Any]) -> Any:
+    """Apply ``move`` to every tensor inside a nested dict/list/tuple/namedtuple/dataclass.
+
+    ``is_tensor(value)`` says what counts as a tensor (checked first, so a backend may
+    treat numeric numpy arrays as tensors); ``move(tensor)`` returns the tensor where it
+    belongs, and the very same object when it is already there. Anything else passes
+    through unchanged. A container is rebuilt (same kind: mapping subclasses keep their
+    class and extras, namedtuples their type, dataclasses are copied) only when something
+    inside it changed, so a batch that is already in place costs one walk and no allocation.
+    """
+    if is_tensor(batch):
+        return move(batch)
+    if isinstance(batch, _ATOMS):
+        return batch
+    if isinstance(batch, Mapping):
+        changed = {}
+        for key, value in batch.items():
+            moved = move_nested(value, is_tensor, move)
+            if moved is not value:
+                changed[key] = moved
+        if not changed:
+            return batch
+        if isinstance(batch, MutableMapping) and type(batch) is not dict:
+            out = copy.copy(batch)  # keeps the mapping's class and extras (defaultdict factory, ...)
+            out.update(changed)
+            return out
+        return {key: changed.get(key, value) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        items = [move_nested(value, is_tensor, move) for value in batch]
+        if all(new is old for new, old in zip(items, batch, strict=True)):
+            return batch
+        if isinstance(batch, tuple):
+            if hasattr(batch, "_fields"):  # namedtuple
+                return type(batch)(*items)
+            return tuple(items) if type(batch) is tuple else type(batch)(items)
+        return items if type(batch) is list else type(batch)(items)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        changed = {}
+        for field in dataclasses.fields(batch):
+            value = getattr(batch, field.name)
+            moved = move_nested(value, is_tensor, move)
+            if moved is not value:
+                changed[field.name] = moved
+        if not changed:
+            return batch
+        new = copy.copy(batch)  # a new instance; works for frozen dataclasses and init=False fields
+        for name, value in changed.items():
+            object.__setattr__(new, name, value)
+        return new
+    return batch

@@ -24,7 +24,7 @@ from ._errors import DriverError, DrivetrainError
 from ._param_matching import auto_param_call, explain_call_failure
 
 if TYPE_CHECKING:
-    from ._checkpoint.sharded import ShardSource, StateShards
+    from ._checkpoint.shard_layout import ShardSource, StateShards
 
 CONTRACT_VERSION = 1
 """Version of this contract; a backend declares the versions it implements."""
@@ -536,9 +536,9 @@ class Driver(abc.ABC):
         it. Check every key and shape (``source.model_keys()``, ``source.shape``) before copying anything, so
         a mismatch loads nothing. Every rank calls it.
         """
-        from ._checkpoint.sharded import cannot_read_shards
+        from ._checkpoint.shard_layout import cannot_read_shards
 
-        raise cannot_read_shards(self, source)
+        raise cannot_read_shards(self.name, source)
 
     def framework_version(self) -> str:
         """Version of the framework, recorded in checkpoint manifests."""

@@ -49,6 +49,8 @@ class KnownBackend:
     max_python: tuple[int, int] | None = None
     """The newest Python the framework publishes working wheels for; None when any supported one works."""
     why_not: str = ""
+    builds_on: tuple[str, ...] = ()
+    """The backends of this project this one is built on (installed with it from a checkout)."""
 
 
 # Backends this project publishes, so a missing one gets the right pip command (or the reason there is none).
@@ -61,6 +63,7 @@ KNOWN_BACKENDS: dict[str, KnownBackend] = {
         max_python=(3, 10),
         why_not="OneFlow publishes working wheels (oneflow 0.9.0) only for Python <= 3.10 (on 3.11+ pip installs "
         "oneflow 0.7.0, which has no native library)"),
+    "deepspeed": KnownBackend("deepspeed", builds_on=("torch",)),
 }
 
 
@@ -90,7 +93,8 @@ def checkout_install_hint(name: str) -> str:
     python = ""
     if known.max_python is not None:
         python = f" (Python {'.'.join(map(str, known.max_python))})"
-    return f"from a drivetrain checkout{python}: pip install -c constraints.txt -e . -e backends/{name}{pin}"
+    folders = " ".join(f"-e backends/{backend}" for backend in (*known.builds_on, name))
+    return f"from a drivetrain checkout{python}: pip install -c constraints.txt -e . {folders}{pin}"
 
 
 def install_hint(name: str) -> str:
@@ -159,7 +163,8 @@ class DriverSpec:
         package index yet), else its install command with ``--upgrade``."""
         backend = next((name for name in KNOWN_BACKENDS if self.distribution == f"drivetrain-{name}"), None)
         if backend is not None:
-            return f"in your drivetrain checkout, git pull, then pip install -e . -e backends/{backend}"
+            folders = " ".join(f"-e backends/{name}" for name in (*KNOWN_BACKENDS[backend].builds_on, backend))
+            return f"in your drivetrain checkout, git pull, then pip install -e . {folders}"
         return f"{self.install or install_hint(self.name)} --upgrade"
 
     def framework_installed(self) -> bool:

@@ -1,7 +1,7 @@
 """The checks of a saved model or gradient state that every backend words the same way.
 
-``check_state_names`` (in :mod:`drivetrain.backend`) checks a model state's names;
-these check a gradient state's names and each saved tensor's shape. A backend passes
+``check_state_names`` checks a model state's names (``listed_names`` shows names in every such
+message); the others check a gradient state's names and each saved tensor's shape. A backend passes
 shapes the way its framework prints them (a tuple for torch, a list for paddle), so the
 message shows the shape as a user of that framework knows it.
 
@@ -22,10 +22,41 @@ from ._errors import DriverError
 T = TypeVar("T")
 
 
-def _listed(names: list[str]) -> str:
-    from .backend import listed_names  # the one formatter of names in messages
+_MAX_LISTED = 10
 
-    return listed_names(names)
+
+def listed_names(names: list[str]) -> str:
+    """``['a', 'b', ... 3 more]``: names for an error message, never a wall of them."""
+    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
+    more = len(names) - _MAX_LISTED
+    return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
+
+
+def check_state_names(state: Any, expected: Any, owner: str, hint: str = "") -> None:
+    """Refuse a model state that is not a mapping or whose names differ from ``expected`` (strict).
+
+    ``owner`` names the model in the message (``type(model).__name__``); ``hint`` is a
+    sentence added at the end (e.g. how a framework's wrappers prefix names).
+    """
+    if not isinstance(state, Mapping):
+        raise DriverError(
+            f"load_model_state(state={type(state).__name__}) needs a dict of name -> tensor, "
+            "as returned by model_state() or load_tensors()."
+        )
+    missing = [name for name in expected if name not in state]
+    unexpected = [name for name in state if name not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing key(s) {listed_names(missing)}")
+        if unexpected:
+            parts.append(f"unexpected key(s) {listed_names(unexpected)}")
+        raise DriverError(
+            f"The state does not fit the model {owner}: {'; '.join(parts)}. "
+            f"Was it saved from a different model class or architecture?{' ' + hint if hint else ''}"
+        )
+
+
 
 
 def check_gradient_names(grads: Any, parameters: Container[str], owner: str) -> None:
@@ -42,7 +73,7 @@ def check_gradient_names(grads: Any, parameters: Container[str], owner: str) -> 
     unknown = [name for name in grads if name not in parameters]
     if unknown:
         raise DriverError(
-            f"load_gradient_state: the model {owner} has no parameter(s) {_listed(unknown)}; "
+            f"load_gradient_state: the model {owner} has no parameter(s) {listed_names(unknown)}; "
             "the gradients were saved from a different model."
         )
 
@@ -81,8 +112,6 @@ def loadable_model_state(
     model's; without it the framework's ``load_state_dict`` casts. ``hint`` ends the name
     check's message (see ``check_state_names``).
     """
-    from .backend import check_state_names
-
     check_state_names(state, expected, owner, hint)
     prepared: dict[str, T] = {}
     for name, target in expected.items():

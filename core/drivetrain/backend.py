@@ -13,13 +13,6 @@ argument, are here too, the same objects as ``drivetrain.Driver`` and ``drivetra
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any
-
-import numpy as np
-
 from ._backend_checks import (
     bool_option,
     check_framework_kwargs,
@@ -29,7 +22,7 @@ from ._backend_checks import (
 )
 from ._checkpoint.folder import CheckpointError
 from ._checkpoint.safetensors_writer import array_buffer
-from ._checkpoint.sharded import (
+from ._checkpoint.shard_layout import (
     MODEL_PREFIX,
     ShardPiece,
     ShardRead,
@@ -43,6 +36,7 @@ from ._device_args import (
     OTHER_DEVICE_KINDS,
     batch_mover,
     first_tensor,
+    move_nested,
     parse_device_arg,
     unaccepted_device,
     unknown_device,
@@ -118,7 +112,9 @@ from ._state_checks import (
     check_gradient_names,
     check_gradient_shape,
     check_rng_state_keys,
+    check_state_names,
     check_state_shape,
+    listed_names,
     loadable_gradients,
     loadable_model_state,
     optimizer_state_for_load,
@@ -262,94 +258,4 @@ __all__ = [
     "group_multipliers",  # each param group's fixed multiplier of its optimizer's one rate (paddle's learning_rate)
     "shared_rate",  # the one optimizer rate that gives each group its wanted rate, refused unless the ratios fit
 ]
-
-_ATOMS = (str, bytes, int, float, complex, bool, type(None), np.generic, np.ndarray)
-
-
-def move_nested(batch: Any, is_tensor: Callable[[Any], bool], move: Callable[[Any], Any]) -> Any:
-    """Apply ``move`` to every tensor inside a nested dict/list/tuple/namedtuple/dataclass.
-
-    ``is_tensor(value)`` says what counts as a tensor (checked first, so a backend may
-    treat numeric numpy arrays as tensors); ``move(tensor)`` returns the tensor where it
-    belongs, and the very same object when it is already there. Anything else passes
-    through unchanged. A container is rebuilt (same kind: mapping subclasses keep their
-    class and extras, namedtuples their type, dataclasses are copied) only when something
-    inside it changed, so a batch that is already in place costs one walk and no allocation.
-    """
-    if is_tensor(batch):
-        return move(batch)
-    if isinstance(batch, _ATOMS):
-        return batch
-    if isinstance(batch, Mapping):
-        changed = {}
-        for key, value in batch.items():
-            moved = move_nested(value, is_tensor, move)
-            if moved is not value:
-                changed[key] = moved
-        if not changed:
-            return batch
-        if isinstance(batch, MutableMapping) and type(batch) is not dict:
-            out = copy.copy(batch)  # keeps the mapping's class and extras (defaultdict factory, ...)
-            out.update(changed)
-            return out
-        return {key: changed.get(key, value) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        items = [move_nested(value, is_tensor, move) for value in batch]
-        if all(new is old for new, old in zip(items, batch, strict=True)):
-            return batch
-        if isinstance(batch, tuple):
-            if hasattr(batch, "_fields"):  # namedtuple
-                return type(batch)(*items)
-            return tuple(items) if type(batch) is tuple else type(batch)(items)
-        return items if type(batch) is list else type(batch)(items)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        changed = {}
-        for field in dataclasses.fields(batch):
-            value = getattr(batch, field.name)
-            moved = move_nested(value, is_tensor, move)
-            if moved is not value:
-                changed[field.name] = moved
-        if not changed:
-            return batch
-        new = copy.copy(batch)  # a new instance; works for frozen dataclasses and init=False fields
-        for name, value in changed.items():
-            object.__setattr__(new, name, value)
-        return new
-    return batch
-
-
-_MAX_LISTED = 10
-
-
-def listed_names(names: list[str]) -> str:
-    """``['a', 'b', ... 3 more]``: names for an error message, never a wall of them."""
-    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
-    more = len(names) - _MAX_LISTED
-    return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
-
-
-def check_state_names(state: Any, expected: Any, owner: str, hint: str = "") -> None:
-    """Refuse a model state that is not a mapping or whose names differ from ``expected`` (strict).
-
-    ``owner`` names the model in the message (``type(model).__name__``); ``hint`` is a
-    sentence added at the end (e.g. how a framework's wrappers prefix names).
-    """
-    if not isinstance(state, Mapping):
-        raise DriverError(
-            f"load_model_state(state={type(state).__name__}) needs a dict of name -> tensor, "
-            "as returned by model_state() or load_tensors()."
-        )
-    missing = [name for name in expected if name not in state]
-    unexpected = [name for name in state if name not in expected]
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing key(s) {listed_names(missing)}")
-        if unexpected:
-            parts.append(f"unexpected key(s) {listed_names(unexpected)}")
-        raise DriverError(
-            f"The state does not fit the model {owner}: {'; '.join(parts)}. "
-            f"Was it saved from a different model class or architecture?{' ' + hint if hint else ''}"
-        )
-
 

@@ -249,6 +249,98 @@ def test_check_prints_a_table_and_names_the_broken_rule():
     assert "step() right after zero_grad() moved the parameters" in text
 
 
+def waiving_kit():
+    """The sloppy kit, waiving the check its driver breaks (with the reason)."""
+    kit = sloppy_kit()
+    kit.waived = {"backward_step_zero_grad": "this driver keeps gradients on purpose"}
+    return kit
+
+
+def typo_kit():
+    kit = sloppy_kit()
+    kit.waived = {"backward_step_zero_grads": "a typo"}
+    return kit
+
+
+def _check_with_kit(kit: str) -> tuple[int, str]:
+    class Plugin:
+        @hookimpl
+        def drivetrain_driver_specs(self):
+            return [DriverSpec(name="sloppy", framework="numpy", factory=f"{__name__}:create_sloppy_driver",
+                               contract_versions=(drivetrain.CONTRACT_VERSION,), testing_kit=f"{__name__}:{kit}")]
+
+    try:
+        drivetrain.register_plugin(Plugin(), name="sloppy-plugin")
+        out = io.StringIO()
+        code = _check("sloppy", out)
+    finally:
+        reset_registry()
+    return code, out.getvalue()
+
+
+def test_a_waived_check_is_not_run_and_is_reported_with_its_reason():
+    code, text = _check_with_kit("waiving_kit")
+    assert code == 0, text
+    assert "optimisation  PASS    4/4" in text, text
+    assert "WAIVED backward_step_zero_grad ([optimisation] backward + step change the parameters" in text
+    assert "this driver keeps gradients on purpose" in text
+    assert "19/19 checks passed, 1 waived by the kit" in text  # discovery too: it claims no model, like an engine
+
+
+def test_contract_suite_skips_a_waived_check_with_the_reason():
+    import unittest
+
+    from drivetrain.testing import ContractSuite
+
+    class Waiving(ContractSuite):
+        def make_kit(self):
+            return waiving_kit()
+
+    with pytest.raises(unittest.SkipTest, match="waived by the kit: this driver keeps gradients on purpose"):
+        Waiving().test_optimisation__backward_step_zero_grad()
+
+
+def test_a_waiver_naming_no_check_is_refused():
+    code, text = _check_with_kit("typo_kit")
+    assert code == 2
+    assert "BackendKit(waived=...) names no check ['backward_step_zero_grads']" in text
+
+
+def engine_kit():
+    from drivetrain_numpy.testing_kit import numpy_kit
+
+    kit = numpy_kit()
+    kit.driver, kit.framework = "numpy_engine", "numpy"
+    return kit
+
+
+def create_engine_driver(model, device, **options):
+    from drivetrain_numpy.driver import create_driver
+
+    driver = create_driver(model, device, **options)
+    driver.name = "numpy_engine"
+    return driver
+
+
+def test_an_engine_that_claims_no_model_is_checked_by_name():
+    """An engine on another backend (model_modules=()) leaves driver='auto' to that backend; discovery passes."""
+    from drivetrain.testing import run_contract_checks
+
+    class Engine:
+        @hookimpl
+        def drivetrain_driver_specs(self):
+            return [DriverSpec(name="numpy_engine", framework="numpy", factory=f"{__name__}:create_engine_driver",
+                               contract_versions=(drivetrain.CONTRACT_VERSION,))]
+
+    try:
+        drivetrain.register_plugin(Engine(), name="engine-plugin")
+        (result,) = run_contract_checks(engine_kit(), groups=("discovery",))
+        assert resolve_spec("auto", engine_kit().make_model()).name == "numpy"
+    finally:
+        reset_registry()
+    assert result.passed, result.error
+
+
 def test_check_without_a_kit_says_how_to_declare_one(registered):
     registered("kitless", (drivetrain.CONTRACT_VERSION,))
     out = io.StringIO()

@@ -10,6 +10,7 @@ it (`name`, `name(args)`, `Driver.name`, `NAME=1`); code blocks do not count.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from pathlib import Path
@@ -20,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "backend-author-guide.md"
 INDEX = ROOT / "docs" / "index.md"
 CONTRACT_SECTION = "## The driver contract, group by group"
+EXTENSION_SECTION = "## Building on another backend"
+TORCH_EXTENSION = ROOT / "backends" / "torch" / "drivetrain_torch" / "extension.py"
 
 # Protected hooks a backend is meant to override (everything else starting with "_" is internal).
 OVERRIDABLE_PRIVATE = ("_check_optimizer", "_wrapped_model_call")
@@ -107,6 +110,16 @@ def helper_names() -> dict[str, list[str]]:
     return {module.__name__: list(module.__all__) for module in (drivetrain.backend, drivetrain.testing)}
 
 
+def extension_names() -> list[str]:
+    """``drivetrain_torch.extension``'s ``__all__`` and ``SUBCLASS_HOOKS``, read from its source (no torch needed)."""
+    names: list[str] = []
+    for node in ast.parse(TORCH_EXTENSION.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) in ("__all__", "SUBCLASS_HOOKS")
+                                                for t in node.targets):
+            names += [name for name in ast.literal_eval(node.value) if name not in names]
+    return names
+
+
 def plugin_env_vars() -> list[str]:
     from drivetrain import _plugins
 
@@ -128,6 +141,8 @@ def test_the_derived_lists_are_not_empty() -> None:
     helpers = helper_names()
     assert "move_nested" in helpers["drivetrain.backend"] and "ContractSuite" in helpers["drivetrain.testing"]
     assert set(PLUGIN_ENV_VARS) <= set(plugin_env_vars())
+    extension = extension_names()
+    assert "TorchDDPDriver" in extension and "ShardReader" in extension and "_join" in extension
 
 
 def test_every_driver_method_and_attribute_is_documented(guide: str) -> None:
@@ -171,6 +186,13 @@ def test_every_field_is_documented(guide: str, cls: str) -> None:
 def test_every_helper_is_documented(guide: str, module: str) -> None:
     missing = mentioned(helper_names()[module], guide)
     assert not missing, f"{GUIDE.relative_to(ROOT)} does not document {module}.__all__ name(s) {missing}"
+
+
+def test_every_name_of_the_torch_extension_api_is_documented(guide: str) -> None:
+    """What an engine on torch may use (drivetrain_torch.extension) is listed under "Building on another backend"."""
+    missing = mentioned(extension_names(), section(guide, EXTENSION_SECTION))
+    assert not missing, (f"{GUIDE.relative_to(ROOT)} section {EXTENSION_SECTION!r} does not document the "
+                         f"drivetrain_torch.extension name(s) {missing}; say what each does for an engine built on torch")
 
 
 def test_every_plugin_environment_variable_is_documented(guide: str) -> None:

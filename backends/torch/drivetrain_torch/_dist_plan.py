@@ -104,7 +104,7 @@ def existing_group(nproc: Any, options: Mapping[str, Any], argument: str) -> tup
 
 def wrapper_layout(model: Any, device: Any, nproc: Any, options: Mapping[str, Any], *, argument: str,
                    wraps_itself: str) -> tuple[str, Any, LauncherEnv, str | None] | None:
-    """``(launch, device, env, backend)`` for a driver that wraps the bare module itself (FSDP, DeepSpeed): the
+    """``(launch, device, env, backend)`` for a driver that wraps the bare module itself (FSDP, an engine): the
     group the user initialised, or the launcher's layout; None for one process. A DistributedDataParallel model
     is refused with ``wraps_itself`` (what the driver does instead, and the fix)."""
     check_layout_arguments(nproc, device)

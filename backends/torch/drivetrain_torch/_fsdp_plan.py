@@ -2,7 +2,7 @@
 
 The layout is decided as for the DDP driver (:mod:`._dist_plan`: torchrun's environment,
 ``nproc=``/``device=[...]``, or a process group the user initialised); one process is allowed
-too, as for DeepSpeed: a world of one, whose group the driver starts itself (``launch="single"``),
+too: a world of one, whose group the driver starts itself (``launch="single"``),
 for ``cpu_offload`` or a meta-device model on one GPU, a first run of a multi-GPU script, or a
 checkpoint of several processes resumed on one. The options come from ``torch_fsdp_kwargs`` and
 are checked here, when the Trainer is built, so a bad one fails before any process starts.

@@ -266,7 +266,7 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
 
 def call_through_wrapper(wrapper: Any, module: torch.nn.Module, method: str, args: tuple, kwargs: dict) -> Any:
     """Run ``module.<method>`` inside ``wrapper``'s forward (the user's DDP, so its gradients are synchronised;
-    a DeepSpeed engine, so ZeRO counts the micro-batch).
+    an engine built on this backend, so the engine counts the micro-batch).
 
     The module's ``forward`` is replaced for exactly one call (put back before the method
     runs, so a method calling ``self(...)`` reaches the real forward).

@@ -3,7 +3,7 @@ the processes with torch's FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
 It starts, stops and talks to its peers exactly as :class:`~.distributed.TorchDDPDriver`
 (torchrun, the Trainer's own processes, or a process group the user initialised); one
-process alone starts a group of itself (a world of one, as ``driver="deepspeed"`` does). What
+process alone starts a group of itself (a world of one). What
 differs:
 
 - at set-up, rank 0's weights are broadcast (as DDP does), then ``fully_shard`` is applied

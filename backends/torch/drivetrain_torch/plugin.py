@@ -43,31 +43,9 @@ FSDP_CAPABILITIES = Capabilities(
         "bf16": "parameters gathered in bfloat16 for forward/backward (MixedPrecisionPolicy), gradients reduced "
         "in fp32, plus torch.autocast.",
         "serialization": "Sharded checkpoints: every rank writes its own pieces in parallel (safetensors + JSON, "
-        "no pickle, nothing gathered); they load at any world size and into driver='torch' and 'deepspeed', and "
+        "no pickle, nothing gathered); they load at any world size, into driver='torch' and every driver that reads "
+        "the torch drivers' checkpoints, and "
         "`drivetrain export` merges them (torch_fsdp_kwargs['state_dict']='full': gathered to rank 0, one file).",
-    },
-)
-
-DEEPSPEED_INSTALL = 'pip install "deepspeed>=0.16" (from a drivetrain checkout: pip install -e "backends/torch[deepspeed]")'
-"""What driver='deepspeed' needs beside this backend (drivetrain-torch is not on a package index yet)."""
-
-DEEPSPEED_CAPABILITIES = Capabilities(
-    precisions=("fp32", "fp16", "bf16"),
-    distributed=("zero",),
-    devices=("cpu", "cuda"),
-    notes={
-        "distributed": "DeepSpeed ZeRO stages 1-3 (optimizer state, + gradients, + parameters sharded), started "
-        "like driver='torch' distributed (torchrun, the deepspeed launcher, nproc=N, device=[0, 1], your own "
-        "process group) or in one process; the config in deepspeed_kwargs['config'] (dict or JSON file), filled "
-        "from the Trainer's precision, grad_clip, accumulation_steps and batch size. Needs deepspeed: "
-        f"{DEEPSPEED_INSTALL}.",
-        "bf16": "DeepSpeed's bf16 (weights in bfloat16, fp32 master weights in the optimizer); float batches are "
-        "cast to bfloat16.",
-        "fp16": "DeepSpeed's fp16 with its dynamic loss scaler (GPUs; DeepSpeed's CPU accelerator has no fp16).",
-        "serialization": "Checkpoints are the torch drivers' (safetensors + JSON, no pickle), sharded: each rank "
-        "writes the ranges of the fp32 weights and optimizer state ZeRO gave it, nothing gathered; they load at "
-        "any stage and world size, into driver='torch' and torch_fsdp, and theirs load here (state_dict='full' "
-        "gathers one file on rank 0).",
     },
 )
 
@@ -75,10 +53,7 @@ DEEPSPEED_CAPABILITIES = Capabilities(
 drivetrain_driver_specs = driver_specs_hook(
     "torch", CAPABILITIES, contract_versions=(1,), seed_function="torch:manual_seed",
     variants={"torch_fsdp": {"factory": "drivetrain_torch.factory:create_fsdp_driver",
-                             "capabilities": FSDP_CAPABILITIES},
-              "deepspeed": {"factory": "drivetrain_torch.deepspeed:create_deepspeed_driver",
-                            "capabilities": DEEPSPEED_CAPABILITIES, "framework": "deepspeed",
-                            "install": DEEPSPEED_INSTALL}},
+                             "capabilities": FSDP_CAPABILITIES}},
 )
 """The torch driver's description (``seed_everything`` calls ``torch.manual_seed``, which seeds every CUDA device
 too, once torch is imported)."""

@@ -100,7 +100,7 @@ def load_state_shards(module: torch.nn.Module, optimizers: list[torch.optim.Opti
     check_model(model, source)
     metas = _check_optimizers(module, optimizers, source) if with_optimizers else []
     with contextlib.ExitStack() as files, torch.no_grad():
-        reader = Reader(files)
+        reader = ShardReader(files)
         for name, tensor in model.items():
             if name not in source.frozen:  # a frozen parameter the checkpoint left out keeps the model's value
                 reader.fill(source, MODEL_PREFIX + name, tensor)
@@ -108,7 +108,7 @@ def load_state_shards(module: torch.nn.Module, optimizers: list[torch.optim.Opti
             _load_optimizer(module, optimizer, index, meta, source, reader)
 
 
-class Reader:
+class ShardReader:
     """Open safetensors files once per load and copy stored slices into the tensors being loaded."""
 
     def __init__(self, files: contextlib.ExitStack) -> None:
@@ -170,7 +170,7 @@ def _check_optimizers(module: torch.nn.Module, optimizers: list[torch.optim.Opti
 
 
 def _load_optimizer(module: torch.nn.Module, optimizer: torch.optim.Optimizer, index: int, meta: Mapping[str, Any],
-                    source: ShardSource, reader: Reader) -> None:
+                    source: ShardSource, reader: ShardReader) -> None:
     saved: Mapping[str, list[str]] = meta["tensors"]
     if not saved and not meta["values"]:  # saved before its first step
         optimizer.state.clear()

@@ -25,7 +25,8 @@ from . import safetensors_writer
 from .folder import MANIFEST, CheckpointError, list_checkpoints, read_checkpoint, read_manifest, verified_file
 from .frozen import FROZEN_KEY
 from .merge_lora import merged_entries
-from .sharded import MODEL_PREFIX, ShardRead, is_sharded, parse_layout
+from .shard_layout import MODEL_PREFIX, ShardRead
+from .sharded import is_sharded, parse_layout
 from .training import MODEL_FILE
 
 _HEADER_LIMIT = 100 << 20

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
+from .._driver import Driver
 from .._loop_plan import ResumedFrom
 from .._stateful_data import loader_position
 from .folder import (
@@ -25,6 +27,7 @@ from .frozen import FROZEN_KEY
 from .sharded import is_sharded, load_shards, open_shards, whole_file_source, write_sharded_checkpoint
 from .training import (
     MODEL_FILE,
+    Position,
     build_checkpoint,
     build_merged_checkpoint,
     build_model_checkpoint,
@@ -35,8 +38,29 @@ from .training import (
     restore_process_state,
 )
 
-if TYPE_CHECKING:
-    from .._trainer import Trainer
+
+class Trainer(Protocol):
+    """What saving and loading read and set on a :class:`drivetrain.Trainer`, named here so that this module does
+    not depend on the Trainer's module, which calls it."""
+
+    driver: Driver
+    dataloader: Any
+    callback_manager: Any
+    accumulation_steps: int
+    n_epochs: int | None
+    n_batches: int | None
+    _sampler: Any
+    _mid_batch: bool
+    _failed_by: BaseException | None
+    _ended: str | None
+    _resumed: ResumedFrom | None
+    _resume_loader_states: list[Any] | None
+
+    def fire(self, name: str, *args: Any) -> None: ...
+
+    def _position(self) -> Position: ...
+
+    def _resume_at(self, position: Mapping[str, Any]) -> None: ...
 
 
 def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool, save_frozen: bool = False) -> str:

@@ -10,8 +10,8 @@ find it by the backend's name.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,9 @@ class BackendKit:
     random: Callable[[], float] | None = None
     framework: str = ""
     """The framework's top-level module; defaults to ``driver``."""
+    waived: Mapping[str, str] = field(default_factory=dict)
+    """Checks the driver cannot meet by design, ``{check name: why}`` (an engine that cannot checkpoint inside
+    a gradient-accumulation cycle): reported as waived with the reason, never as passed; an unknown name is refused."""
 
     def __post_init__(self) -> None:
         if not self.framework:

@@ -33,6 +33,8 @@ clipping by norm, AdamW) from the same seed.
 - ``config-optimizer``: ZeRO-2 with the optimizer, clipping and batch size given in a JSON config;
 - ``bad-batch`` / ``bad-accumulation``: a config contradicting the dataloader's batch size / the
   Trainer's accumulation (the refusal is recorded);
+- ``load-other``: ZeRO-3 loads ``--other`` (``load_checkpoint(resume_training=False)``) and records the weights
+  it then holds, untrained;
 - ``kill``: rank 1 writes ``OUT/pid-rank1`` and waits in batch 3 to be killed (with ``--nproc 2``).
 """
 
@@ -191,6 +193,13 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
 
         dist.init_process_group("gloo")
     result: dict = {}
+    if phase == "load-other":
+        trainer = build_trainer(model, driver=driver, callbacks=callbacks, **options)
+        trainer.load_checkpoint(args.other, resume_training=False)
+        d = trainer.driver
+        with open(os.path.join(args.out, f"{phase}-rank{d.rank}.json"), "w") as f:
+            json.dump({"driver": type(d).__name__, "params": state_lists(d.model_state())}, f)
+        return
     try:
         trainer = build_trainer(model, driver=driver, callbacks=callbacks, evaluate=phase in ("zero2", "zero3"),
                                 optimizer=optimizer, **options)

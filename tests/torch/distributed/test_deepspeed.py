@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("deepspeed", reason="driver='deepspeed' needs pip install 'drivetrain-torch[deepspeed]'")
+pytest.importorskip("deepspeed", reason="driver='deepspeed' needs pip install -e backends/deepspeed deepspeed")
+pytest.importorskip("drivetrain_deepspeed", reason="driver='deepspeed' needs pip install -e backends/deepspeed")
 
 from drivetrain import DriverError, Trainer, export_weights  # noqa: E402
 
@@ -348,8 +349,9 @@ def test_the_driver_is_registered_with_its_install_command() -> None:
     from drivetrain._plugins import available_drivers
 
     spec = available_drivers()["deepspeed"]
-    assert spec.framework == "deepspeed" and spec.factory == "drivetrain_torch.deepspeed:create_deepspeed_driver"
-    # the framework's own command first (the backend is installed when this is read), then the checkout's
+    assert spec.framework == "deepspeed" and spec.factory == "drivetrain_deepspeed.factory:create_driver"
+    assert spec.distribution == "drivetrain-deepspeed"
+    # the framework's own command first (the package is installed when this is read), then the checkout's
     assert spec.install_command.startswith('pip install "deepspeed>=')
-    assert 'pip install -e "backends/torch[deepspeed]"' in spec.install_command
+    assert "-e backends/torch -e backends/deepspeed" in spec.install_command
     assert spec.capabilities.distributed == ("zero",) and not spec.claims(torch.nn.Linear(1, 1))

@@ -35,7 +35,8 @@ def test_killed_rank_restarts_and_resumes_from_latest(tmp_path, driver) -> None:
     """DDP (one-file checkpoints), FSDP2 and DeepSpeed ZeRO-2 (each rank writes its shards; the restarted ranks read
     theirs)."""
     if driver == "deepspeed":
-        pytest.importorskip("deepspeed", reason="driver='deepspeed' needs pip install 'drivetrain-torch[deepspeed]'")
+        pytest.importorskip("deepspeed", reason="driver='deepspeed' needs pip install -e backends/deepspeed deepspeed")
+        pytest.importorskip("drivetrain_deepspeed", reason="driver='deepspeed' needs pip install -e backends/deepspeed")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
            "--monitor_interval", "0.2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
            "--rdzv_id", "elastic-test", SCRIPT, str(tmp_path), str(KILL_AT), driver]

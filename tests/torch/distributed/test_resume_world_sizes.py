@@ -37,8 +37,9 @@ SCRIPT = str(Path(__file__).with_name("_world_size_script.py"))
 N, B = script.N_TRAIN, script.BATCH_PER_RANK
 TRAINED_STEPS = script.N_EPOCHS * script.batches_per_epoch(2)  # what the 2-rank run took: 2 x 13
 CONSUMED = script.MID_BATCHES * B * 2  # samples of epoch 2 the 2-rank `mid` run consumed
-HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
-NEEDS_DEEPSPEED = pytest.mark.skipif(not HAS_DEEPSPEED, reason="driver='deepspeed' needs deepspeed installed")
+HAS_DEEPSPEED = all(importlib.util.find_spec(name) is not None for name in ("deepspeed", "drivetrain_deepspeed"))
+NEEDS_DEEPSPEED = pytest.mark.skipif(not HAS_DEEPSPEED, reason="driver='deepspeed' needs deepspeed and drivetrain-deepspeed "
+                                     "(pip install -e backends/deepspeed deepspeed)")
 DRIVER_CLASSES = {"ddp": "TorchDDPDriver", "fsdp": "TorchFSDPDriver", "ds": "TorchDeepSpeedDriver"}
 WITH_DEEPSPEED = ("ds",) if HAS_DEEPSPEED else ()
 

@@ -1,11 +1,12 @@
 """TorchDeepSpeedDriver: ``driver="deepspeed"``, the model trained by a DeepSpeed ZeRO engine (stages 1-3).
 
-It starts, stops and talks to its peers exactly as :class:`~.distributed.TorchDDPDriver`
+It starts, stops and talks to its peers exactly as drivetrain-torch's ``TorchDDPDriver`` (its
+subclass, through :mod:`drivetrain_torch.extension`)
 (torchrun or the ``deepspeed`` launcher, the Trainer's own processes, or a process group
 the user initialised; one process is a world of one); what differs:
 
 - at set-up, rank 0's weights are broadcast, then ``deepspeed.initialize`` builds the engine
-  from the config :func:`._deepspeed_plan.merged_config` made (the user's, filled from the
+  from the config :func:`._plan.merged_config` made (the user's, filled from the
   Trainer's arguments), with the user's torch optimizer or the config's;
 - the Trainer owns gradient accumulation: DeepSpeed runs with
   ``managed_gradient_accumulation=false``, so ``engine.backward`` only accumulates (the loss
@@ -19,8 +20,8 @@ the user initialised; one process is a world of one); what differs:
   a forward that gathers would then wait forever;
 - checkpoints are the torch drivers' (safetensors + JSON, nothing unpickled), sharded by
   default: each rank writes the ranges of the fp32 weights and optimizer state ZeRO gave it
-  (:mod:`._deepspeed_shards`), nothing gathered. With ``state_dict="full"`` every rank joins
-  :meth:`gathering_state`, which assembles the full state (:mod:`._deepspeed_state`), and
+  (:mod:`._shards`), nothing gathered. With ``state_dict="full"`` every rank joins
+  :meth:`gathering_state`, which assembles the full state (:mod:`._state`), and
   rank 0 writes it. Both kinds load at any stage and world size, in ``driver="torch"`` and
   ``"torch_fsdp"``, and theirs load here.
 """
@@ -37,10 +38,17 @@ import torch
 import torch.distributed as dist
 
 from drivetrain.backend import DriverError, ShardSource, StateShards, loadable_model_state
+from drivetrain_torch.extension import (
+    PRECISION_DTYPES,
+    TorchDDPDriver,
+    as_tensor,
+    call_through_wrapper,
+    move_to_device,
+)
 
-from . import _deepspeed_shards as _dss
-from . import _deepspeed_state as _ds
-from ._deepspeed_plan import (
+from . import _shards as _dss
+from . import _state as _ds
+from ._plan import (
     CONFIG,
     DEEPSPEED_KWARGS,
     OPTIONS,
@@ -48,12 +56,8 @@ from ._deepspeed_plan import (
     check_accumulation,
     check_batch_size,
 )
-from ._deepspeed_plan import merged_config as _merged_config
-from ._device import move_to_device
-from .distributed import TorchDDPDriver, call_through_wrapper
-from .plugin import DEEPSPEED_CAPABILITIES
-from .precision import PRECISION_DTYPES
-from .state import as_tensor
+from ._plan import merged_config as _merged_config
+from .plugin import CAPABILITIES
 
 __all__ = ["TorchDeepSpeedDriver"]
 
@@ -68,10 +72,10 @@ class _ConfigOptimizer:
 
 
 class TorchDeepSpeedDriver(TorchDDPDriver):
-    """Drives one rank of a DeepSpeed ZeRO run (built by ``create_deepspeed_driver`` from a :class:`DeepSpeedPlan`)."""
+    """Drives one rank of a DeepSpeed ZeRO run (built by :data:`.factory.create_driver` from a :class:`DeepSpeedPlan`)."""
 
     name = "deepspeed"
-    capabilities = DEEPSPEED_CAPABILITIES
+    capabilities = CAPABILITIES
     checkpoint_format = "torch"  # the torch drivers' checkpoints: loads into driver="torch" and back
     reads_state_shards = True  # any stage reads only the ranges it owns
     accepted_kwargs: Mapping[str, str] = DEEPSPEED_KWARGS
@@ -118,6 +122,10 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
                 f"{self.precision}; use precision={other!r}, or train on GPUs."
             )
 
+    def is_distributed(self) -> bool:
+        """A world of one is one process (its group of one aside): samplers and checkpoints as driver='torch''s."""
+        return self.world_size > 1
+
     def describe(self) -> str:
         import deepspeed
 
@@ -158,8 +166,12 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         self._micro_batches += 1
 
     def step(self) -> None:
-        """Reduce the accumulated gradients, clip them (``gradient_clipping``) and step: a cycle's end."""
-        if not self._checked_cycle and self._micro_batches:
+        """Reduce the accumulated gradients, clip them (``gradient_clipping``) and step: a cycle's end. With no
+        backward since the last step there are no gradients, so nothing moves (as a torch optimizer skips a
+        parameter whose gradient is None)."""
+        if not self._micro_batches:
+            return
+        if not self._checked_cycle:
             check_accumulation(self.plan, self._micro_batches)
             micro = self.engine.train_micro_batch_size_per_gpu()
             self.engine.set_train_batch_size(micro * self._micro_batches * self.world_size)
@@ -206,6 +218,11 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
             with torch.no_grad():
                 for tensor in [*module.parameters(), *module.buffers()]:
                     dist.broadcast(tensor, src=0)
+            if optimizer is None and not self._from_config and self.plan.zero_stage < 3:
+                # nothing to train (an Evaluator): ZeRO-1/2 shard only the training state, so the module serves as is
+                if self._cast is not None:
+                    module.to(self._cast)  # the dtype the engine would have given it
+                return
             self.engine, built, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config,
                                                             dist_init_required=False)
         if self.engine.optimizer is not None:
@@ -261,12 +278,17 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
     # ---------------------------------------------------------------------- state
     def state_shards(self, *, optimizers: bool) -> StateShards:
         """Every rank: its own ranges of the weights (and optimizer state), nothing gathered."""
+        if self.engine is None:
+            return super().state_shards(optimizers=optimizers)
         with self._released(), self._collective("writing the ZeRO partitions"):
             order = self._order if optimizers and self._has_optimizer() else []
             return _dss.state_shards(self.engine, self._dtypes, order, self.rank)
 
     def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:
         """Every rank: its own ranges (and ZeRO-1/2's whole model copy) from any sharded layout."""
+        if self.engine is None:
+            super().load_state_shards(source, optimizers=optimizers)
+            return
         with self._released(), self._collective("loading a sharded checkpoint"):
             _dss.load_state_shards(self.engine, source, optimizers, self._order if self._has_optimizer() else [])
 
@@ -381,13 +403,3 @@ def _cast_floats(batch: Any, dtype: torch.dtype) -> Any:
         return type(batch)(_cast_floats(value, dtype) for value in batch)
     return batch
 
-
-def create_deepspeed_driver(model: Any, device: Any, **options: Any) -> TorchDeepSpeedDriver:
-    """Build the ``deepspeed`` driver (its options arrive from ``deepspeed_kwargs=``)."""
-    from drivetrain.backend import module_driver_factory, planned_distributed
-
-    from .driver import TorchSingleDriver
-
-    factory = module_driver_factory(TorchSingleDriver, planned_distributed(
-        "drivetrain_torch._deepspeed_plan:plan_deepspeed", "drivetrain_torch.deepspeed:TorchDeepSpeedDriver"))
-    return factory(model, device, **options)

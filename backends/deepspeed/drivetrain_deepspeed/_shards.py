@@ -8,7 +8,7 @@ nothing of others. Either way a rank's part of a parameter is one flat range, an
 of a matrix is a partial row, whole rows and a partial row: each rank gives its range of every
 parameter and of every optimizer tensor as those boxes (:func:`drivetrain.backend.flat_range_boxes`),
 under the keys the torch drivers use (``model/<name>``, ``optimizers/0/<name>/<entry>``, see
-:mod:`.shards`). Nothing is gathered: a rank writes and reads only its own ranges, which the
+``optimizer_key`` of :mod:`drivetrain_torch.extension`). Nothing is gathered: a rank writes and reads only its own ranges, which the
 stored chunks of any other layout (FSDP's rows, another stage or world size, one process)
 fill slice by slice. The weights are the fp32 master copy, saved in the dtype the user's model
 had; ZeRO-1/2 keep the model's own copy whole on every rank, and load it whole.
@@ -31,9 +31,9 @@ from drivetrain.backend import (
     StateShards,
     flat_range_boxes,
 )
+from drivetrain_torch.extension import ShardReader, check_model, optimizer_key, plain_group
 
-from . import _deepspeed_state as _ds
-from .shards import Reader, check_model, optimizer_key, plain_group
+from . import _state as _ds
 
 
 class _Local:
@@ -78,7 +78,7 @@ def _pieces(flat: torch.Tensor, start: int, shape: tuple[int, ...]) -> list[Shar
     return pieces
 
 
-def _fill_range(reader: Reader, source: ShardSource, key: str, flat: torch.Tensor, start: int,
+def _fill_range(reader: ShardReader, source: ShardSource, key: str, flat: torch.Tensor, start: int,
                 shape: tuple[int, ...]) -> None:
     """Fill ``flat`` with elements ``start ..`` of the stored tensor ``key`` (of full ``shape``)."""
     at = 0
@@ -160,7 +160,7 @@ def load_state_shards(engine: Any, source: ShardSource, with_optimizers: bool, o
     check_model({**shapes, **buffers}, source)
     meta = _check_optimizer(source, order) if with_optimizers and order else None
     with contextlib.ExitStack() as files, torch.no_grad():
-        reader = Reader(files)
+        reader = ShardReader(files)
         for name, param in params:
             if name not in source.frozen:  # a frozen parameter the checkpoint left out keeps the model's value
                 _load_parameter(reader, source, MODEL_PREFIX + name, param)
@@ -187,7 +187,7 @@ def _check_optimizer(source: ShardSource, order: list[list[str]]) -> Mapping[str
     return metas[0]
 
 
-def _load_parameter(reader: Reader, source: ShardSource, key: str, param: torch.nn.Parameter) -> None:
+def _load_parameter(reader: ShardReader, source: ShardSource, key: str, param: torch.nn.Parameter) -> None:
     """This rank's range into the fp32 master copy; the model's own copy too: ZeRO-3's partition (and the whole
     tensor where ZeRO-3 keeps a parameter on every rank, below stage3_param_persistence_threshold), ZeRO-1/2's
     whole tensor (it is on every rank)."""
@@ -206,7 +206,7 @@ def _load_parameter(reader: Reader, source: ShardSource, key: str, param: torch.
         reader.fill_box(source, key, param.data.view(local.shape), (0,) * len(local.shape))
 
 
-def _load_optimizer(engine: Any, source: ShardSource, reader: Reader, meta: Mapping[str, Any],
+def _load_optimizer(engine: Any, source: ShardSource, reader: ShardReader, meta: Mapping[str, Any],
                     params: Mapping[str, torch.nn.Parameter]) -> None:
     base = _ds.base_optimizer(engine)
     for group, stored in zip(base.param_groups, meta["param_groups"], strict=True):

@@ -1,6 +1,6 @@
 """Which process layout ``driver="deepspeed"`` asks for, and the DeepSpeed config, checked up front.
 
-The layout is decided as for the DDP driver (:mod:`._dist_plan`: torchrun's or the
+The layout is decided as for the torch DDP driver (``wrapper_layout`` of :mod:`drivetrain_torch.extension`: torchrun's or the
 ``deepspeed`` launcher's environment, ``nproc=``/``device=[...]``, or a process group the
 user initialised); one process is allowed too (ZeRO over a world of one: the run a
 checkpoint of several processes resumes on, or a first test of a config). The options come
@@ -27,8 +27,7 @@ from drivetrain.backend import (
     LauncherEnv,
     choice_option,
 )
-
-from ._dist_plan import DIST_KWARGS, DistPlan, plan_fields, wrapper_layout
+from drivetrain_torch.extension import DIST_KWARGS, DistPlan, plan_fields, wrapper_layout
 
 OPTIONS = "deepspeed_kwargs"
 CONFIG = f"{OPTIONS}['config']"
