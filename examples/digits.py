@@ -3,8 +3,10 @@
     python examples/digits.py                  # torch on CPU, ~10 s; the run record goes to runs/digits-torch
     drivetrain plot runs/digits-torch          # its curves (pip install matplotlib)
     python examples/digits.py --precision bf16
-    python examples/digits.py --driver paddle  # paddle on CPU (pip install "drivetrain[paddle]" paddlepaddle)
-    python examples/digits.py --driver jittor  # jittor on CPU (pip install "drivetrain[jittor]"; 1st run compiles)
+    python examples/digits.py --driver paddle  # paddle on CPU; install from a checkout (see the README):
+                                               #   pip install -c constraints.txt -e . -e backends/paddle paddlepaddle==3.3.1
+    python examples/digits.py --driver jittor  # jittor on CPU; pip install -c constraints.txt -e . -e backends/jittor
+                                               #   (the first run compiles jittor's operators, ~4 min)
     python examples/digits.py --driver oneflow # oneflow on CPU, Python 3.10 only (see docs/backends/oneflow.md)
 """
 
@@ -34,7 +36,7 @@ def run_torch(epochs: int, precision: str, progress_bar: str | None, records: di
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
 
-    from drivetrain import Accuracy, Trainer
+    from drivetrain import Accuracy, Event, Trainer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -76,7 +78,7 @@ def run_torch(epochs: int, precision: str, progress_bar: str | None, records: di
         **records,
     )
     results = {}
-    trainer.add_callback_fn(__import__("drivetrain").Event.on_evaluate_end(), lambda t, r: results.update(r))
+    trainer.add_callback_fn(Event.on_evaluate_end(), lambda t, r: results.update(r))
     trainer.run()
     return results["acc#acc#dev"]
 
