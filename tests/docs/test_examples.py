@@ -6,6 +6,14 @@ could type. Blocks fenced with any other info string (``python no-run``, ``conso
 ``toml``, ...) are shown but not run. A failing block is reported with its page,
 its line number and its code.
 
+Content tabs (``=== "torch"`` followed by a block indented four spaces) show the same
+step in several frameworks. The page runs with the first tab of every tab set; it runs
+again with each later tab's label chosen (paddle, say: that tab's block in every tab set
+that has one, the first tab's elsewhere), without comparing printed output, whose numbers
+differ between frameworks. Tabs for frameworks the docs environment lacks (jittor,
+oneflow) fence their code ``python no-run``; their own test suites run the page with them
+(``run_page(..., tab="jittor")``).
+
 Output a page shows is checked against what the code prints (see ``expected_output``):
 
 - a ```` ```text ```` block that directly follows a ```` ```python ```` block (nothing but
@@ -41,6 +49,8 @@ DOCS = ROOT / "docs"
 CALLBACKS_PAGE = DOCS / "user-guide" / "callbacks.md"
 
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+_TAB_FENCE = re.compile(r"^(?P<indent> {4})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")  # a fence inside a content tab
+_TAB = re.compile(r'^===[!+]? "(?P<label>[^"]*)"')
 
 
 @dataclass
@@ -48,15 +58,25 @@ class Block:
     info: str
     line: int  # 1-based line number of the block's first code line
     code: str
+    tab: str | None = None  # the label of the content tab holding the block
+    later_tab: bool = False  # in a tab after the first of its tab set (run only when its label is chosen)
+    tab_set: int = -1  # which tab set of the page holds it (-1: none)
 
 
 def code_blocks(text: str) -> list[Block]:
     """Every fenced code block of a Markdown text, with its info string and first line number."""
     blocks: list[Block] = []
     lines = text.splitlines()
+    tab, tab_index, tab_set = None, -1, -1  # the content tab the lines are in, its position in its set, the set
     i = 0
     while i < len(lines):
-        match = _FENCE.match(lines[i])
+        tab_line = _TAB.match(lines[i])
+        if tab_line is not None:
+            tab_set += tab is None
+            tab, tab_index = tab_line["label"], tab_index + 1
+        elif lines[i].strip() and not lines[i].startswith(" "):
+            tab, tab_index = None, -1  # unindented text ends a tab set
+        match = _FENCE.match(lines[i]) or (_TAB_FENCE.match(lines[i]) if tab is not None else None)
         if match is None or (match["fence"][0] == "`" and "`" in match["info"]):
             i += 1
             continue
@@ -71,9 +91,38 @@ def code_blocks(text: str) -> list[Block]:
             # Content of an indented fence loses up to that much indentation (CommonMark).
             body.append(line[min(indent, len(line) - len(line.lstrip(" "))):])
             j += 1
-        blocks.append(Block(info=info, line=i + 2, code="\n".join(body) + "\n"))
+        blocks.append(Block(info=info, line=i + 2, code="\n".join(body) + "\n", tab=tab, later_tab=tab_index > 0,
+                            tab_set=tab_set if tab is not None else -1))
         i = j + 1
     return blocks
+
+
+def blocks_to_run(text: str, tab: str | None = None) -> list[Block]:
+    """The python blocks a page runs: outside tabs, and in each tab set the ``tab`` labelled one (else the first).
+
+    ``tab=None`` takes the first tab of every set and only ```` ```python ```` blocks; a label also takes
+    that tab's ``python no-run`` blocks (the fence for a framework the docs environment lacks).
+    """
+    blocks = code_blocks(text)
+    labelled = {b.tab_set for b in blocks if tab is not None and b.tab == tab}
+    chosen = []
+    for b in blocks:
+        if b.tab_set in labelled:
+            if b.tab == tab and b.info in ("python", "python no-run"):
+                chosen.append(b)
+        elif b.info == "python" and not b.later_tab:
+            chosen.append(b)
+    return chosen
+
+
+def later_tab_labels(text: str) -> list[str]:
+    """Labels of the later tabs whose blocks the docs environment runs (``python``, not ``python no-run``)."""
+    return sorted({b.tab for b in code_blocks(text) if b.later_tab and b.info == "python" and b.tab})
+
+
+def pages_with_tab(label: str) -> list[Path]:
+    """The pages with a content tab of this label (for a framework's own suite to run them with it)."""
+    return [page for page in doc_pages() if any(b.tab == label for b in code_blocks(page.read_text(encoding="utf-8")))]
 
 
 def expected_output(expected: str, printed: str) -> bool:
@@ -172,21 +221,29 @@ def clean_globals():
     reset_registry()
 
 
-@pytest.mark.filterwarnings("error", "ignore::DeprecationWarning", "ignore::PendingDeprecationWarning")
-@pytest.mark.parametrize("page", doc_pages(), ids=_page_id)
-def test_page_examples_run(page: Path, tmp_path, monkeypatch, clean_globals) -> None:
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.chdir(tmp_path)
-    _single_threaded()
+class _NoExpect:
+    """What ``# prints`` lines become when a page runs with another tab: the output is not compared."""
+
+    @contextlib.contextmanager
+    def __call__(self, line: int, expected: str):
+        yield
+
+
+def run_page(page: Path, tab: str | None = None) -> None:
+    """Run a page's python blocks in order in one namespace (``tab``: with that content tab chosen).
+
+    With ``tab=None`` the output the page shows is compared with what its blocks print; with a tab
+    label it is not (the numbers differ between frameworks), but every block must run.
+    """
     text = page.read_text(encoding="utf-8")
-    blocks = [b for b in code_blocks(text) if b.info == "python"]
-    shown = shown_outputs(text)
+    blocks = blocks_to_run(text, tab)
+    shown = shown_outputs(text) if tab is None else {}
     if not blocks:
         pytest.skip(f"{_page_id(page)} has no ```python blocks")
     module_name = "docs_example_" + re.sub(r"\W", "_", _page_id(page))
     module = types.ModuleType(module_name)
     module.__file__ = str(page)
-    module.__docs_expect__ = _Expect(page)
+    module.__docs_expect__ = _Expect(page) if tab is None else _NoExpect()
     sys.modules[module_name] = module  # classes defined on the page get a real module (dataclasses, pickle)
     try:
         for block in blocks:
@@ -209,12 +266,50 @@ def test_page_examples_run(page: Path, tmp_path, monkeypatch, clean_globals) -> 
                     f"{block.line + k:5d} | {line}" for k, line in enumerate(block.code.rstrip("\n").split("\n"))
                 )
                 details = "".join(traceback.format_exception(exc))
+                chosen = f" (with the {tab!r} tabs)" if tab else ""
                 pytest.fail(
-                    f"{_page_id(page)}: the python block at line {block.line} failed:\n\n{numbered}\n\n{details}",
+                    f"{_page_id(page)}{chosen}: the python block at line {block.line} failed:\n\n{numbered}\n\n"
+                    f"{details}",
                     pytrace=False,
                 )
     finally:
         sys.modules.pop(module_name, None)
+
+
+@pytest.mark.filterwarnings("error", "ignore::DeprecationWarning", "ignore::PendingDeprecationWarning")
+@pytest.mark.parametrize("page", doc_pages(), ids=_page_id)
+def test_page_examples_run(page: Path, tmp_path, monkeypatch, clean_globals) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(tmp_path)
+    _single_threaded()
+    run_page(page)
+
+
+_LATER_TABS = [(page, label) for page in doc_pages() for label in later_tab_labels(page.read_text(encoding="utf-8"))]
+
+
+@pytest.mark.filterwarnings("error", "ignore::DeprecationWarning", "ignore::PendingDeprecationWarning")
+@pytest.mark.parametrize(("page", "tab"), _LATER_TABS, ids=[f"{_page_id(p)}[{t}]" for p, t in _LATER_TABS])
+def test_page_examples_run_with_tab(page: Path, tab: str, tmp_path, monkeypatch, clean_globals) -> None:
+    """The page run again with a later content tab chosen (paddle's code in place of torch's)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(tmp_path)
+    _single_threaded()
+    run_page(page, tab)
+
+
+def tab_page_test(label: str):
+    """A test running each page that has a ``label`` tab with it chosen, for that framework's own suite."""
+    pages = pages_with_tab(label)
+    assert pages, f"no page of docs/ has a {label!r} content tab any more"
+
+    @pytest.mark.timeout(600)
+    @pytest.mark.parametrize("page", pages, ids=_page_id)
+    def test_page_runs_with_its_tabs(page: Path, tmp_path, monkeypatch, clean_globals) -> None:
+        monkeypatch.chdir(tmp_path)
+        run_page(page, label)
+
+    return test_page_runs_with_its_tabs
 
 
 def _all_code_text() -> str:
@@ -314,6 +409,21 @@ def test_output_checks() -> None:
     code = checked_prints("if True:\n    print(1)  # prints 1\n    # and more\nx = 2\n", 10)
     assert code.split("\n")[1] == "    with __docs_expect__(11, '1  and more'): print(1)"
     assert code.count("\n") == 4
+
+
+def test_code_blocks_in_content_tabs() -> None:
+    text = ('=== "torch"\n\n    ```python\n    a = 1\n    ```\n\n=== "paddle"\n\n    ```python\n    b = 2\n    ```\n\n'
+            '=== "jittor"\n\n    ```python no-run\n    c = 3\n    ```\n\ntext\n\n    ```python\n    not a fence\n    ```\n'
+            '\n=== "torch"\n\n    ```python\n    d = 4\n    ```\n')
+    blocks = code_blocks(text)
+    assert [b.tab_set for b in blocks] == [0, 0, 0, 1]
+    assert [b.line for b in blocks_to_run(text)] == [4, 28]
+    assert [b.line for b in blocks_to_run(text, "paddle")] == [10, 28]
+    assert [b.line for b in blocks_to_run(text, "jittor")] == [16, 28]
+    assert later_tab_labels(text) == ["paddle"]
+    assert [(b.info, b.line, b.code, b.tab, b.later_tab) for b in blocks] == [
+        ("python", 4, "a = 1\n", "torch", False), ("python", 10, "b = 2\n", "paddle", True),
+        ("python no-run", 16, "c = 3\n", "jittor", True), ("python", 28, "d = 4\n", "torch", False)]
 
 
 def test_code_block_parser() -> None:

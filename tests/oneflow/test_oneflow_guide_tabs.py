@@ -1,0 +1,14 @@
+"""The documentation's pages run with their oneflow content tabs chosen.
+
+The docs environment has no oneflow, so a page's oneflow tabs are fenced ``python no-run`` there;
+here each such page runs in order, in one namespace, with the oneflow tab of every tab set that
+has one (the first tab elsewhere).
+"""
+
+import pytest
+
+from ..docs.test_examples import clean_globals, tab_page_test  # noqa: F401 - clean_globals is a fixture
+
+pytestmark = pytest.mark.oneflow
+
+test_page_runs_with_its_oneflow_tabs = tab_page_test("oneflow")
