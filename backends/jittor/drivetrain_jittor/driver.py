@@ -11,7 +11,8 @@ How the contract maps onto jittor:
   exist in jittor);
 - step: ``optimizer.step()`` with no loss (it steps on the accumulated gradients and
   marks them stale); an optimizer with no backward since its last step or zero_grad is
-  skipped, as torch skips parameters whose gradient is None;
+  skipped, as torch skips parameters whose gradient is None. Then the model's state is
+  computed in one execution, as the usual ``opt.step(loss)`` loop computes it;
 - zero_grad: ``optimizer.zero_grad()`` (marks the stored gradients stale);
 - scalars: jittor has no 0-d Vars (a mean is shape ``[1]``). The loss the model returns,
   and the loss given to :meth:`backward`, are handed to numpy as 0-d arrays, as torch
@@ -144,9 +145,6 @@ class JittorSingleDriver(ModuleDriver):
             )
         super().raise_bad_loss(loss)
 
-    _buffers: list[Any] | None = None
-    """The model's Vars without gradients (buffers), found on the first backward; loading keeps their identity."""
-
     def backward(self, loss: Any) -> None:
         """The template's checks and backward in one call: this runs every step."""
         if not isinstance(loss, _VAR) or loss.numel() != 1 or loss.is_stop_grad():
@@ -156,15 +154,6 @@ class JittorSingleDriver(ModuleDriver):
         last = len(optimizers) - 1
         for k, optimizer in enumerate(optimizers):
             optimizer.backward(loss, retain_graph=k < last)  # adds to the gradients stored in the optimizer
-        # optimizer.backward computes the gradients only; the forward's buffer updates (batch-norm running
-        # statistics) stay pending and jittor fuses them into whatever runs next, so a checkpoint or an
-        # evaluation (which read them) changed their rounding and a resumed run differed from an unbroken
-        # one. Computing them here, in every run, gives them one fixed place.
-        buffers = self._buffers
-        if buffers is None:
-            buffers = self._buffers = [v for v in self.unwrap_model().state_dict().values() if v.is_stop_grad()]
-        if buffers:
-            jt.sync(buffers)
 
     def clip_gradients(self, params: list[Any]) -> Any:
         """Clip the gradients the optimizers hold for ``params`` (jittor keeps them in ``group["grads"]``).
@@ -193,6 +182,19 @@ class JittorSingleDriver(ModuleDriver):
         for optimizer in self.optimizers:
             if _state.gradients_live(optimizer):
                 optimizer.step()
+        # The step's work (forward, backward, update and the batch-norm statistics the forwards left pending)
+        # is computed here in one execution, as the next opt.step(loss) of a usual jittor loop computes it: a
+        # checkpoint or an evaluation then reads finished values instead of changing how jittor fuses (and
+        # rounds) them, and a resumed run matches an unbroken one.
+        jt.sync(self._model_state())
+
+    _state_vars: list[Any] | None = None
+
+    def _model_state(self) -> list[Any]:
+        """The model's parameters and buffers, found on the first step; loading keeps their identity."""
+        if self._state_vars is None:
+            self._state_vars = list(self.unwrap_model().state_dict().values())
+        return self._state_vars
 
     def get_lrs(self) -> list[list[float]]:
         # jittor steps a group with its own "lr" when it has one, else with the optimizer's lr; set_lrs writes
