@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from ._errors import ConfigurationError, DrivetrainError, EarlyStopException
-from ._events import EVENT_ARGS, Event, FilteredHandler, check_handler_signature, unknown_event_message
+from ._events import (
+    EVENT_ARGS,
+    Event,
+    FilteredHandler,
+    check_handler_signature,
+    event_arguments,
+    unknown_event_message,
+)
 
 RANK_ZERO_ATTR = "__drivetrain_rank_zero_only__"
 
@@ -15,6 +23,12 @@ def rank_zero_only(fn: Callable) -> Callable:
     """Mark a function callback to run only on the global-zero process in distributed training.
 
     The counterpart of ``Callback.rank_zero_only = True`` for ``Trainer.on`` / ``add_callback_fn``.
+
+    Args:
+        fn: a handler function.
+
+    Returns:
+        ``fn`` itself, marked.
     """
     setattr(fn, RANK_ZERO_ATTR, True)
     return fn
@@ -42,11 +56,23 @@ class Callback:
         return type(self).__name__
 
     def on_save_checkpoint(self, trainer: Any) -> Any:
-        """Return this callback's state (JSON-serialisable) to store in a checkpoint."""
+        """Return this callback's state to store in a checkpoint.
+
+        Args:
+            trainer: the `Trainer` saving the checkpoint.
+
+        Returns:
+            A JSON-serialisable value (None: nothing to save), given back to :meth:`on_load_checkpoint`.
+        """
         return None
 
     def on_load_checkpoint(self, trainer: Any, states: Any) -> None:
-        """Restore what :meth:`on_save_checkpoint` returned."""
+        """Restore what :meth:`on_save_checkpoint` returned.
+
+        Args:
+            trainer: the `Trainer` loading the checkpoint.
+            states: this callback's saved state, the value its ``on_save_checkpoint`` returned.
+        """
 
 
 def _define_default_methods() -> None:
@@ -55,7 +81,11 @@ def _define_default_methods() -> None:
             return None
 
         method.__name__ = method.__qualname__ = name
-        method.__doc__ = f"Called as ({', '.join(('trainer',) + EVENT_ARGS[name])})."
+        method.__doc__ = f"Called as ({', '.join(('trainer',) + EVENT_ARGS[name])}).\n\n{event_arguments(name)}"
+        # what help() and the docs show: the arguments the event passes, not the catch-all *args
+        parameters = [inspect.Parameter(arg, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                      for arg in ("self", "trainer") + EVENT_ARGS[name]]
+        method.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
         return method
 
     for name in EVENT_ARGS:

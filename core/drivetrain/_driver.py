@@ -34,16 +34,19 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a driver can do, declared up front so the core can check inputs early."""
+    """What a driver can do, declared up front so the core can check inputs early.
+
+    Args:
+        precisions: precisions accepted at all (one may still be slow or a no-op on some devices).
+        distributed: distributed modes, e.g. ``("ddp",)``; empty for a single-process-only backend.
+        devices: device kinds understood, e.g. ``("cpu", "cuda")``.
+        notes: free-form honest remarks shown by ``drivetrain backends`` (``{"fp16": "a no-op on CPU"}``).
+    """
 
     precisions: tuple[str, ...] = ("fp32",)
-    """Precisions accepted at all (a precision may still be slow or a no-op on some devices)."""
     distributed: tuple[str, ...] = ()
-    """Distributed modes, e.g. ``("ddp",)``; empty for a single-process-only backend."""
     devices: tuple[str, ...] = ("cpu",)
-    """Device kinds understood, e.g. ``("cpu", "cuda")``."""
     notes: Mapping[str, str] = field(default_factory=dict)
-    """Free-form honest remarks shown by ``drivetrain backends`` (e.g. 'fp16 on CPU is a no-op')."""
 
 
 class Driver(abc.ABC):
@@ -52,6 +55,18 @@ class Driver(abc.ABC):
     A driver is built by its backend's factory with the user's model, device and
     options; the Trainer then calls :meth:`setup` once and uses the rest on the
     hot path, so implementations keep per-batch methods lean.
+
+    Args:
+        model: the user's model, an object of the driver's framework.
+        precision: ``"fp32"``, ``"fp16"`` or ``"bf16"``; one of ``capabilities.precisions``.
+        grad_clip: clip gradients at this value in :meth:`step` (None: no clipping).
+        grad_clip_type: ``"norm"`` (global norm) or ``"value"`` (each element).
+        model_wo_auto_param_call: True passes a batch to the model as one argument instead of matching a dict
+            batch's keys to parameter names.
+
+    Raises:
+        DriverError: a precision the driver does not declare, a ``grad_clip`` that is not a positive number, or
+            an unknown ``grad_clip_type``.
     """
 
     name: str = "abstract"
@@ -101,7 +116,11 @@ class Driver(abc.ABC):
     def configure_loop(self, *, accumulation_steps: int) -> None:
         """The Trainer's loop settings, given once before :meth:`setup`: a driver whose engine needs them (DeepSpeed's
         ``gradient_accumulation_steps``) checks and takes them here, so a contradiction fails when the Trainer is
-        built. Default: nothing."""
+        built. Default: nothing.
+
+        Args:
+            accumulation_steps: the Trainer's ``accumulation_steps``.
+        """
 
     def setup(self) -> None:
         """Move the model to its device and prepare anything that needs the process group."""
@@ -110,7 +129,11 @@ class Driver(abc.ABC):
         """Called when the loop raises, before callbacks see the exception (e.g. to abort peers)."""
 
     def is_distributed(self) -> bool:
-        """Whether this driver runs one process of several (the collectives below then communicate)."""
+        """Whether this driver runs one process of several (the collectives below then communicate).
+
+        Returns:
+            True in a run of several processes.
+        """
         return False
 
     @property
@@ -145,6 +168,16 @@ class Driver(abc.ABC):
         ``fn`` is the module's ``__call__``, which runs framework hooks, and the
         parameters live on ``forward``). ``fn_name=None`` means ``default`` if the
         model has it, else the framework's forward.
+
+        Args:
+            fn_name: the model method the user named (``train_fn``/``evaluate_fn``), or None.
+            default: the method used when the model has it and ``fn_name`` is None.
+
+        Returns:
+            ``(fn, signature_fn)``.
+
+        Raises:
+            DriverError: the model has no method ``fn_name``, or neither ``default`` nor a forward.
         """
         model = self.unwrap_model()
         if fn_name is not None:
@@ -170,7 +203,19 @@ class Driver(abc.ABC):
         return self.model
 
     def model_call(self, batch: Any, fn: Callable, signature_fn: Callable | None) -> Any:
-        """Call ``fn`` with ``batch``: matched by parameter name when the batch is a dict."""
+        """Call ``fn`` with ``batch``: matched by parameter name when the batch is a dict.
+
+        Args:
+            batch: the batch, on the device.
+            fn: what :meth:`get_model_call_fn` returned first.
+            signature_fn: the function whose parameters name the batch keys to pass (None: ``fn``).
+
+        Returns:
+            What ``fn`` returned.
+
+        Raises:
+            BatchMismatchError: the batch does not fit ``fn`` (a missing key, numpy arrays where tensors belong).
+        """
         try:
             # type() first: the ABC check of isinstance(batch, Mapping) costs more than the call it guards
             if (type(batch) is dict or isinstance(batch, Mapping)) and not self.model_wo_auto_param_call:
@@ -195,27 +240,54 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def set_model_mode(self, mode: str) -> None:
-        """``"train"`` or ``"eval"``."""
+        """Switch the model to training or evaluation behaviour (dropout, batch-norm statistics).
+
+        Args:
+            mode: ``"train"`` or ``"eval"``.
+        """
 
     def no_grad(self) -> contextlib.AbstractContextManager:
-        """Context in which no gradient is recorded (evaluation)."""
+        """Context in which no gradient is recorded (evaluation).
+
+        Returns:
+            A context manager.
+        """
         return contextlib.nullcontext()
 
     def auto_cast(self) -> contextlib.AbstractContextManager:
-        """Context that runs the forward in the driver's precision."""
+        """Context that runs the forward in the driver's precision.
+
+        Returns:
+            A context manager (a no-op in fp32).
+        """
         return contextlib.nullcontext()
 
     def no_sync(self) -> contextlib.AbstractContextManager:
-        """Context in which backward does not synchronise gradients across processes."""
+        """Context in which backward does not synchronise gradients across processes.
+
+        Returns:
+            A context manager (a no-op for one process).
+        """
         return contextlib.nullcontext()
 
     def unwrap_model(self) -> Any:
-        """The user's model, without any distributed or compilation wrapper."""
+        """The user's model, without any distributed or compilation wrapper.
+
+        Returns:
+            The model the user passed.
+        """
         return self.model
 
     # --------------------------------------------------------------- optimisation
     def set_optimizers(self, optimizers: Any) -> None:
-        """Accept one optimizer or a sequence of them; each is checked by :meth:`_check_optimizer`."""
+        """Accept one optimizer or a sequence of them; each is checked by :meth:`_check_optimizer`.
+
+        Args:
+            optimizers: None, one optimizer, or a list or tuple of them.
+
+        Raises:
+            DriverError: an optimizer this driver cannot use (the message says which and why).
+        """
         if optimizers is None:
             self.optimizers = []
             return
@@ -233,7 +305,11 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def backward(self, loss: Any) -> None:
-        """Accumulate gradients of ``loss`` (already divided for accumulation by the core)."""
+        """Accumulate gradients of ``loss`` (already divided for accumulation by the core).
+
+        Args:
+            loss: the framework's scalar loss tensor.
+        """
 
     @abc.abstractmethod
     def step(self) -> None:
@@ -254,6 +330,12 @@ class Driver(abc.ABC):
         The core's learning-rate schedules read the base rates with it. The default
         raises: a backend written before this method existed still loads, and only a
         schedule asks for it.
+
+        Returns:
+            ``[[rate of each param group] for each optimizer]``.
+
+        Raises:
+            DriverError: the backend does not implement it.
         """
         raise DriverError(
             f"driver {self.name!r} ({type(self).__qualname__}) cannot read learning rates: its backend does not "
@@ -267,6 +349,12 @@ class Driver(abc.ABC):
         Called by schedules before the first optimizer step and after every one, so keep it
         cheap. Refuse a wrongly shaped ``lrs`` with a :class:`DriverError` (the helper
         ``drivetrain.backend.check_lrs`` does it). The default raises, like :meth:`get_lrs`.
+
+        Args:
+            lrs: ``[[rate of each param group] for each optimizer]``.
+
+        Raises:
+            DriverError: ``lrs`` is shaped wrongly, or the backend does not implement it.
         """
         raise DriverError(
             f"driver {self.name!r} ({type(self).__qualname__}) cannot set learning rates: its backend does not "
@@ -277,27 +365,62 @@ class Driver(abc.ABC):
     # ----------------------------------------------------------------------- data
     @abc.abstractmethod
     def move_data_to_device(self, batch: Any) -> Any:
-        """Move every tensor of a nested dict/list/tuple/dataclass batch to the model's device."""
+        """Move every tensor of a nested dict/list/tuple/dataclass batch to the model's device.
+
+        Args:
+            batch: the batch as the dataloader yielded it.
+
+        Returns:
+            The same structure with every tensor on the device.
+        """
 
     @abc.abstractmethod
     def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
-        """Detach and copy a framework tensor into a numpy array (bf16 becomes float32)."""
+        """Detach and copy a framework tensor into a numpy array (bf16 becomes float32).
+
+        Args:
+            tensor: a tensor of this framework.
+
+        Returns:
+            A numpy array holding a copy of its values.
+        """
 
     def scalars_to_numpy(self, values: list[Any]) -> np.ndarray:
         """Single-value tensors (a logged window's losses, gradient norms) as one float64 array of their values.
 
         Read once per logged window, never per batch. The default converts them one by one; a
         backend overrides it to stack them on the device and copy them to the host in one read.
+
+        Args:
+            values: single-value tensors or numbers.
+
+        Returns:
+            A float64 array, one value per item.
         """
         return np.array([_single(value if isinstance(value, (int, float, np.ndarray, np.number))
                                  else self.tensor_to_numpy(value)) for value in values], dtype=np.float64)
 
     def is_tensor(self, obj: Any) -> bool:
-        """Whether ``obj`` is a tensor of this framework (used to convert outputs for metrics)."""
+        """Whether ``obj`` is a tensor of this framework (used to convert outputs for metrics).
+
+        Args:
+            obj: any object.
+
+        Returns:
+            True for a tensor of this framework.
+        """
         return False
 
     def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
-        """Raise a :class:`DriverError` naming ``argument`` when ``dataloader`` cannot be iterated."""
+        """Raise a :class:`DriverError` naming ``argument`` when ``dataloader`` cannot be iterated.
+
+        Args:
+            dataloader: what the user passed as a dataloader.
+            argument: the argument's name for the message (``"train_dataloader"``, ``"evaluate_dataloaders['dev']"``).
+
+        Raises:
+            DriverError: the dataloader cannot be used.
+        """
         if not isinstance(dataloader, (Iterator, Mapping)) and not hasattr(dataloader, "__iter__"):
             raise DriverError(
                 f"{argument}={type(dataloader).__name__} is not iterable; pass a dataloader or any iterable of batches."
@@ -312,11 +435,27 @@ class Driver(abc.ABC):
         ``UnrepeatedBatchSampler``). ``reproducible``: order fixed by a saved seed and
         resumable mid-epoch. A dataloader whose sampling cannot be replaced is returned
         as is (training) or refused with a message saying what to do (``dist`` set).
+
+        Args:
+            dataloader: the user's dataloader.
+            dist: None, ``"train"`` or ``"eval"``, as above.
+            reproducible: install a resumable, seeded order.
+
+        Returns:
+            The dataloader to iterate (``dataloader`` itself when nothing changes).
+
+        Raises:
+            DriverError: ``dist`` is set and the dataloader's sampling cannot be replaced.
         """
         return dataloader
 
     def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:
-        """Tell the dataloader's samplers which epoch starts (shuffling differs per epoch)."""
+        """Tell the dataloader's samplers which epoch starts (shuffling differs per epoch).
+
+        Args:
+            dataloader: the dataloader about to be iterated.
+            epoch: the epoch's index (0-based).
+        """
         for attr in ("sampler", "batch_sampler"):
             set_epoch = getattr(getattr(dataloader, attr, None), "set_epoch", None)
             if callable(set_epoch):
@@ -324,15 +463,41 @@ class Driver(abc.ABC):
 
     # ---------------------------------------------------------------- collectives
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        """Rank ``src``'s ``obj`` on every rank (a picklable Python object; every rank calls it)."""
+        """Rank ``src``'s ``obj`` on every rank (a picklable Python object; every rank calls it).
+
+        Args:
+            obj: the object (only rank ``src``'s is used).
+            src: the rank whose object is sent.
+
+        Returns:
+            Rank ``src``'s object.
+        """
         return obj
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order, on every rank (every rank calls it)."""
+        """Every rank's ``obj``, in rank order, on every rank (every rank calls it).
+
+        Args:
+            obj: this rank's picklable object.
+
+        Returns:
+            A list of every rank's object, in rank order.
+        """
         return [obj]
 
     def all_reduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
-        """Reduce a numpy array across processes (``sum``, ``max``, ``min``); metrics use it."""
+        """Reduce a numpy array across processes (``sum``, ``max``, ``min``); metrics use it.
+
+        Args:
+            array: this process's values.
+            op: ``"sum"``, ``"max"`` or ``"min"``.
+
+        Returns:
+            The reduced array, of the same shape, on every process.
+
+        Raises:
+            DriverError: an unknown ``op``.
+        """
         if op not in ("sum", "max", "min"):
             raise DriverError(f"all_reduce op={op!r} is not accepted; use 'sum', 'max' or 'min'.")
         return array
@@ -344,11 +509,21 @@ class Driver(abc.ABC):
 
         The tensors may be the live ones (views, no copy): checkpoints write them straight
         to disk, and a caller that keeps them across training steps copies them itself.
+
+        Returns:
+            ``{name: tensor}`` of every parameter and buffer.
         """
 
     @abc.abstractmethod
     def load_model_state(self, state: Mapping[str, Any]) -> None:
-        """Load a dict produced by :meth:`model_state` or :meth:`load_tensors`; names must match."""
+        """Load a dict produced by :meth:`model_state` or :meth:`load_tensors`; names must match.
+
+        Args:
+            state: ``{name: tensor}`` as :meth:`model_state` returns it.
+
+        Raises:
+            DriverError: names or shapes differ from the model's (nothing is loaded then).
+        """
 
     def frozen_parameter_names(self) -> frozenset[str]:
         """The :meth:`model_state` names of the parameters that do not train (``requires_grad=False``,
@@ -356,6 +531,9 @@ class Driver(abc.ABC):
 
         Checkpoints and ``save_model`` leave them out and keep a fingerprint instead (loading takes them from
         the model loaded into, once they match it). Default: none, so every parameter is saved.
+
+        Returns:
+            The names of the frozen parameters.
         """
         return frozenset()
 
@@ -365,6 +543,12 @@ class Driver(abc.ABC):
         ``adapter_config.json``; ``merged``: beside :meth:`merged_adapter_state`'s weights, a Hugging Face
         model's ``config.json``): ``{file name: bytes, or tensors as from tensor_file}``, written atomically
         with the folder and checksummed in its manifest. Default: none.
+
+        Args:
+            save_frozen: whether the folder also holds the frozen parameters.
+
+        Returns:
+            ``{file name: bytes or tensors}``, empty by default.
         """
         return {}
 
@@ -389,6 +573,16 @@ class Driver(abc.ABC):
 
         The default raises: a backend written before this method existed overrides
         :meth:`tensors_to_bytes` instead, and its files are then serialised in memory.
+
+        Args:
+            tensor: a tensor of this framework.
+
+        Returns:
+            ``(dtype tag, shape, byte view)``.
+
+        Raises:
+            DriverError: ``tensor`` is not a tensor this driver can save.
+            NotImplementedError: the backend implements neither this nor :meth:`tensors_to_bytes`.
         """
         raise NotImplementedError(
             f"driver {self.name!r} ({type(self).__qualname__}) implements neither tensor_buffer() nor "
@@ -400,6 +594,12 @@ class Driver(abc.ABC):
 
         A list of ``(name, dtype, shape, data)`` from :meth:`tensor_buffer`, streamed into
         the file; or, from a backend that implements only :meth:`tensors_to_bytes`, its bytes.
+
+        Args:
+            tensors: ``{name: tensor}``.
+
+        Returns:
+            Entries to stream into a safetensors file, or its bytes.
         """
         if type(self).tensor_buffer is Driver.tensor_buffer:
             return self.tensors_to_bytes(tensors)
@@ -426,15 +626,39 @@ class Driver(abc.ABC):
         The default encodes :meth:`tensor_buffer` of each tensor in memory; every dtype,
         bf16 included, round-trips bit-exactly. Checkpoints do not go through it (they
         stream :meth:`tensor_file` into the file); it serves callers that need bytes.
+
+        Args:
+            tensors: ``{name: tensor}``.
+
+        Returns:
+            The safetensors file's bytes.
+
+        Raises:
+            DriverError: a name is not a string or a value not a tensor.
         """
         return safetensors_writer.encode(self._tensor_entries(tensors))
 
     @abc.abstractmethod
     def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
-        """Parse safetensors bytes (what :meth:`tensors_to_bytes` produces) into CPU tensors; never executes code."""
+        """Parse safetensors bytes (what :meth:`tensors_to_bytes` produces) into CPU tensors; never executes code.
+
+        Args:
+            data: a safetensors file's bytes.
+
+        Returns:
+            ``{name: CPU tensor}``.
+        """
 
     def save_tensors(self, tensors: Mapping[str, Any], path: str) -> None:
-        """Write ``tensors`` as the safetensors file ``path``, straight from the tensors' memory."""
+        """Write ``tensors`` as the safetensors file ``path``, straight from the tensors' memory.
+
+        Args:
+            tensors: ``{name: tensor}``.
+            path: the file to write.
+
+        Raises:
+            DriverError: a name is not a string or a value not a tensor.
+        """
         content = self.tensor_file(tensors)
         if isinstance(content, bytes):
             with open(path, "wb") as f:
@@ -443,7 +667,17 @@ class Driver(abc.ABC):
             safetensors_writer.save(os.fspath(path), content)
 
     def load_tensors(self, path: str) -> dict[str, Any]:
-        """Read a file written by :meth:`save_tensors`."""
+        """Read a file written by :meth:`save_tensors`.
+
+        Args:
+            path: a safetensors file.
+
+        Returns:
+            ``{name: CPU tensor}``.
+
+        Raises:
+            DriverError: the file is not readable safetensors.
+        """
         with open(path, "rb") as f:
             data = f.read()
         try:
@@ -453,7 +687,11 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def seed(self, seed: int) -> None:
-        """Seed the framework's random generators."""
+        """Seed the framework's random generators.
+
+        Args:
+            seed: the seed, an int in ``[0, 2**32)``.
+        """
 
     # ------------------------------------------------- training state (checkpoints)
     # Nested structures below may hold framework tensors anywhere (``is_tensor`` finds
@@ -461,15 +699,30 @@ class Driver(abc.ABC):
     def gathering_state(self) -> contextlib.AbstractContextManager:
         """Entered by every process around a save, before rank 0 alone reads :meth:`model_state` and
         :meth:`optimizer_states`. A driver whose state is sharded over the processes gathers it here (a
-        collective every process joins) and serves rank 0 that copy until the context exits; default: nothing."""
+        collective every process joins) and serves rank 0 that copy until the context exits; default: nothing.
+
+        Returns:
+            A context manager every process enters.
+        """
         return contextlib.nullcontext()
 
     def optimizer_states(self) -> list[Any]:
-        """One nested state per optimizer, in order; names must survive rebuilding the model."""
+        """One nested state per optimizer, in order; names must survive rebuilding the model.
+
+        Returns:
+            A list of plain nested states, one per optimizer.
+        """
         return [self._optimizer_state(opt, f"optimizer_states()[{i}]") for i, opt in enumerate(self.optimizers)]
 
     def load_optimizer_states(self, states: list[Any]) -> None:
-        """Check the list against the optimizers, then load each state into the optimizer at its position."""
+        """Check the list against the optimizers, then load each state into the optimizer at its position.
+
+        Args:
+            states: what :meth:`optimizer_states` returned.
+
+        Raises:
+            DriverError: the list's length or a state does not fit the optimizers.
+        """
         if not isinstance(states, (list, tuple)):
             raise DriverError(
                 f"load_optimizer_states(states={type(states).__name__}) needs the list optimizer_states() returns."
@@ -493,27 +746,51 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def gradient_state(self) -> dict[str, Any]:
         """Accumulated gradients by parameter name (only those that exist), so a checkpoint taken
-        inside an accumulation cycle resumes exactly."""
+        inside an accumulation cycle resumes exactly.
+
+        Returns:
+            ``{parameter name: gradient tensor}``.
+        """
 
     @abc.abstractmethod
     def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
-        """Set the gradients saved by :meth:`gradient_state`; parameters absent from ``grads`` get none."""
+        """Set the gradients saved by :meth:`gradient_state`; parameters absent from ``grads`` get none.
+
+        Args:
+            grads: what :meth:`gradient_state` returned.
+        """
 
     def precision_state(self) -> Any:
-        """State of the mixed-precision machinery (e.g. the grad scaler), or None."""
+        """State of the mixed-precision machinery (e.g. the grad scaler), or None.
+
+        Returns:
+            Plain nested data, or None when there is nothing to keep.
+        """
         return None
 
     def load_precision_state(self, state: Any) -> None:
-        """Restore what :meth:`precision_state` returned."""
+        """Restore what :meth:`precision_state` returned.
+
+        Args:
+            state: what :meth:`precision_state` returned.
+        """
 
     @abc.abstractmethod
     def rng_state(self) -> dict[str, Any]:
         """The framework's random generator states (CPU and every device); python's and numpy's
-        global generators are captured by the core."""
+        global generators are captured by the core.
+
+        Returns:
+            ``{generator name: state}``.
+        """
 
     @abc.abstractmethod
     def load_rng_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`rng_state` returned."""
+        """Restore what :meth:`rng_state` returned.
+
+        Args:
+            state: what :meth:`rng_state` returned.
+        """
 
     def state_shards(self, *, optimizers: bool) -> StateShards:
         """Every rank, when :attr:`shards_state`: this rank's pieces of the model and (``optimizers=True``, a
@@ -523,6 +800,15 @@ class Driver(abc.ABC):
         ``model/<name>``, with ``<name>`` as in :meth:`model_state`; each piece says where it sits in
         the full tensor (``ShardPiece(tensor, offsets, full shape)``); a tensor every rank holds whole is
         given by rank 0 only. ``meta`` carries plain data (optimizer hyper-parameters, ...).
+
+        Args:
+            optimizers: include the optimizer states (a training checkpoint) or not (``save_model``).
+
+        Returns:
+            This rank's `StateShards`.
+
+        Raises:
+            DriverError: the driver does not shard its state (the default).
         """
         raise DriverError(
             f"driver {self.name!r} does not shard its state (shards_state=False): rank 0 writes its checkpoints "
@@ -535,18 +821,33 @@ class Driver(abc.ABC):
         For each tensor this rank holds, ``source.reads(key, offsets, sizes)`` says which stored slices fill
         it. Check every key and shape (``source.model_keys()``, ``source.shape``) before copying anything, so
         a mismatch loads nothing. Every rank calls it.
+
+        Args:
+            source: the checkpoint's pieces, as a `ShardSource`.
+            optimizers: also load the optimizer states.
+
+        Raises:
+            CheckpointError: a key or shape does not fit, or the driver cannot read sharded checkpoints.
         """
         from ._checkpoint.shard_layout import cannot_read_shards
 
         raise cannot_read_shards(self.name, source)
 
     def framework_version(self) -> str:
-        """Version of the framework, recorded in checkpoint manifests."""
+        """Version of the framework, recorded in checkpoint manifests.
+
+        Returns:
+            The version string (``"unknown"`` by default).
+        """
         return "unknown"
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:
-        """One line naming the driver, its class and settings, for logs and ``repr``."""
+        """One line naming the driver, its class and settings, for logs and ``repr``.
+
+        Returns:
+            The line, e.g. ``"torch driver (TorchDriver) precision=fp32"``.
+        """
         return f"{self.name} driver ({type(self).__qualname__}) precision={self.precision}"
 
 

@@ -122,6 +122,30 @@ class Evaluator:
     (e.g. ``torch_kwargs={...}``); any other unknown keyword is reported as a misspelt argument.
     ``_argument_names`` is internal: the Trainer passes the names its users know the
     mappings by (``evaluate_input_mapping``, ...), so that error messages use them.
+
+    Args:
+        model: the model, an object of your framework.
+        dataloaders: one dataloader or ``{name: dataloader}``; the names end the result keys.
+        metrics: ``{name: Metric}``, e.g. ``{"acc": Accuracy()}``.
+        driver: ``"auto"``, a driver name, or a `Driver` to share (the Trainer passes its own).
+        device: where the model runs, in the driver's terms (as for the `Trainer`).
+        evaluate_batch_step_fn: ``fn(evaluator, batch)`` replacing the evaluation of one batch (default:
+            ``evaluator.update_metrics(batch, evaluator.evaluate_step(batch))``).
+        evaluate_fn: name of the model method to call (default: ``evaluate_step``, else forward).
+        input_mapping: a dict renaming batch keys or a function of the batch, applied once per batch.
+        output_mapping: the same for the evaluate function's outputs.
+        model_wo_auto_param_call: True passes the whole batch as one argument.
+        fp16: shorthand for ``precision="fp16"``.
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        verbose: 0 does not print the results line an evaluator with its own driver prints after ``run()``.
+        use_dist_sampler: in distributed evaluation, shard each dataloader across the processes.
+        progress_bar: ``"auto"``, ``"rich"``, ``"tqdm"``, ``"raw"`` or None.
+        **kwargs: ``<driver>_kwargs`` dicts of framework options.
+
+    Raises:
+        ConfigurationError: an argument is wrong (a misspelt keyword gets the closest accepted name).
+        DriverNotFoundError: the driver is unknown or not installed.
+        DriverError: the driver rejects the device, the model or a dataloader.
     """
 
     def __init__(
@@ -181,18 +205,40 @@ class Evaluator:
         self._feeders = [_MetricFeeder(m, name, self.driver, names, taken) for name, m in self.metrics.items()]
 
     def evaluate_step(self, batch: Any) -> Any:
-        """Run the evaluate function on one (already mapped) batch in the driver's precision; map its outputs."""
+        """Run the evaluate function on one (already mapped) batch in the driver's precision; map its outputs.
+
+        Args:
+            batch: the batch, on the device.
+
+        Returns:
+            The function's outputs after ``output_mapping``.
+        """
         return self._step.call(batch)
 
     def update_metrics(self, batch: Any, outputs: Any) -> None:
-        """Feed every metric from the batch and the outputs (outputs win on a shared key)."""
+        """Feed every metric from the batch and the outputs (outputs win on a shared key).
+
+        Args:
+            batch: the batch the outputs were computed from.
+            outputs: what ``evaluate_step`` returned.
+
+        Raises:
+            BatchMismatchError: a metric's ``update`` needs a value neither holds (the message lists both).
+        """
         outputs = named_outputs(outputs, "evaluate function")
         data = {**batch_dict(batch), **outputs}
         for feed in self._feeders:
             feed(data, outputs)
 
     def run(self, num_eval_batch_per_dl: int = -1) -> dict[str, float]:
-        """Evaluate every dataloader (at most ``num_eval_batch_per_dl`` batches each; -1 = all)."""
+        """Evaluate every dataloader.
+
+        Args:
+            num_eval_batch_per_dl: evaluate at most this many batches of each (-1: all).
+
+        Returns:
+            ``{"result#metric#dataloader": value}``, e.g. ``{"acc#acc#dev": 0.97}``.
+        """
         check_int(num_eval_batch_per_dl, "num_eval_batch_per_dl", minimum=1, allowed=(-1,))
         driver = self.driver
         driver.set_model_mode("eval")

@@ -45,6 +45,27 @@ EVENT_ARGS: dict[str, tuple[str, ...]] = {
 }
 
 
+# what each argument a handler receives holds; the Args: section of every event's docstring
+ARGUMENT_DOCS: dict[str, str] = {
+    "trainer": "the `Trainer` firing the event (its counters, `driver`, `optimizers`, `model`).",
+    "driver": "the trainer's `Driver`, built and set up.",
+    "sanity_check_res": "the sanity evaluation's results dict, keyed `metric#element#dataloader`.",
+    "batch": "the batch, already on the device.",
+    "indices": "its samples' positions in the dataset (a list of ints) under a reproducible sampler, else None.",
+    "outputs": "the model's outputs after `output_mapping`, before the loss is backpropagated.",
+    "optimizers": "the trainer's optimizers, a list.",
+    "results": "the evaluation's results dict, keyed `metric#element#dataloader` (`{\"acc#acc#dev\": 0.93}`).",
+    "exception": "the exception that ended training (an `EarlyStopException` when a callback stopped it).",
+    "states": "each callback's saved state, keyed by its `callback_name`.",
+}
+
+
+def event_arguments(name: str) -> str:
+    """The Google-style ``Args:`` section of a handler of event ``name``: ``trainer`` and the event's arguments."""
+    lines = [f"    {arg}: {ARGUMENT_DOCS[arg]}" for arg in ("trainer",) + EVENT_ARGS[name]]
+    return "Args:\n" + "\n".join(lines)
+
+
 def unknown_event_message(name: str) -> str:
     """``name`` is no event: the closest event names, then all of them."""
     hint = did_you_mean(name, EVENT_ARGS, n=3) if isinstance(name, str) else ""
@@ -63,7 +84,20 @@ class _EventClass(type):
 
 
 class Event(metaclass=_EventClass):
-    """An event name with an optional filter; build one with ``Event.on_<name>(...)``."""
+    """An event name with an optional filter; build one with ``Event.on_<name>(...)``.
+
+    At most one of ``every``, ``once`` and ``filter_fn`` may be given.
+
+    Args:
+        name: the event, one of the ``on_*`` names below (``"on_train_batch_end"``).
+        every: run the handler on every n-th firing only (``every=100``: the 100th, 200th, ...).
+        once: run the handler on the first firing only.
+        filter_fn: ``filter_fn(trainer) -> bool``; the handler runs when it returns True.
+
+    Raises:
+        ConfigurationError: for an unknown event name (the message lists the closest ones), more than one
+            filter, ``every`` below 1 or a ``filter_fn`` that is not callable.
+    """
 
     __slots__ = ("name", "every", "once", "filter_fn")
 
@@ -112,7 +146,16 @@ def _event_factory(name: str) -> staticmethod:
 
     args = ", ".join(("trainer",) + EVENT_ARGS[name])
     factory.__name__ = factory.__qualname__ = name
-    factory.__doc__ = f"Event fired as ``fn({args})``; filter with every=n, once=True or filter_fn(trainer)."
+    factory.__doc__ = (
+        f"The event ``{name}``: its handlers are called as ``fn({args})``.\n\n"
+        "Args:\n"
+        "    every: run the handler on every n-th firing only.\n"
+        "    once: run the handler on the first firing only.\n"
+        "    filter_fn: ``filter_fn(trainer) -> bool``; the handler runs when it returns True.\n\n"
+        "Returns:\n"
+        "    The `Event`, for `Trainer.on` or `Trainer.add_callback_fn`.\n\n"
+        "Raises:\n"
+        "    ConfigurationError: for more than one filter, ``every`` below 1 or a ``filter_fn`` that is not callable.")
     return staticmethod(factory)
 
 

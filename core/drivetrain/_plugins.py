@@ -117,10 +117,27 @@ def install_hint(name: str) -> str:
 class DriverSpec:
     """What a backend tells the core about one of its drivers, without importing its framework.
 
-    ``factory`` is ``"module:callable"``; the callable is
-    ``factory(model, device, **options) -> Driver`` and is imported only when chosen.
-    ``model_modules`` are top-level module names whose classes this driver claims
-    for ``driver="auto"`` (checked along the model class's MRO, no import needed).
+    A backend's plugin returns these from its ``drivetrain_driver_specs`` hook; the
+    [backend author guide](../backend-author-guide.md) shows one.
+
+    Args:
+        name: the driver's name, as users write it in ``Trainer(driver=...)``.
+        framework: the framework's top-level module (``"torch"``), looked up, never imported, to say
+            whether it is installed.
+        factory: ``"module:callable"``; the callable is ``factory(model, device, **options) -> Driver``
+            and is imported only when the driver is chosen.
+        model_modules: top-level module names whose classes this driver claims for ``driver="auto"``
+            (checked along the model class's MRO, no import needed).
+        capabilities: what the driver can do (`Capabilities`).
+        contract_versions: the driver contract versions the backend implements; required (an empty tuple
+            is refused).
+        distribution: the package providing the driver (``"drivetrain-torch"``), for versions and messages.
+        install: the command that installs what the driver needs, shown when it is missing.
+        detect: ``detect(model_class) -> bool``, claiming models instead of ``model_modules``.
+        seed_function: ``"module:function"`` seeding the framework's generators, called by
+            ``seed_everything`` only when the framework is already imported.
+        testing_kit: ``"module:function"`` returning the backend's ``drivetrain.testing.BackendKit``, for
+            ``drivetrain backends --check`` and ``drivetrain.testing.ContractSuite``.
     """
 
     name: str
@@ -129,21 +146,22 @@ class DriverSpec:
     model_modules: tuple[str, ...] = ()
     capabilities: Capabilities = field(default_factory=Capabilities)
     contract_versions: tuple[int, ...] = ()
-    """Driver contract versions the backend implements; required (an empty tuple is refused)."""
     distribution: str | None = None
     install: str | None = None
     detect: Callable[[type], bool] | None = None
     seed_function: str | None = None
-    """``"module:function"`` seeding the framework's generators, called by ``seed_everything``
-    only when the framework is already imported."""
     testing_kit: str | None = None
-    """``"module:function"`` returning the backend's :class:`drivetrain.testing.BackendKit`, for
-    ``drivetrain backends --check`` and :class:`drivetrain.testing.ContractSuite`."""
 
     def claims(self, model: Any) -> bool:
-        """Whether ``driver="auto"`` may pick this driver for ``model`` (an instance or a class): its
-        ``detect`` function if given, else a class along the model's MRO living in one of ``model_modules``.
-        Imports nothing."""
+        """Whether ``driver="auto"`` may pick this driver for ``model``; imports nothing.
+
+        Args:
+            model: a model instance or class.
+
+        Returns:
+            What ``detect`` says if given, else whether a class along the model's MRO lives in one of
+            ``model_modules``.
+        """
         cls = model if isinstance(model, type) else type(model)
         if self.detect is not None:
             return bool(self.detect(cls))
@@ -168,11 +186,19 @@ class DriverSpec:
         return f"{self.install or install_hint(self.name)} --upgrade"
 
     def framework_installed(self) -> bool:
-        """Whether the framework module (``framework``) can be imported here; it is looked up, not imported."""
+        """Whether the framework module (``framework``) can be imported here; it is looked up, not imported.
+
+        Returns:
+            True when it is installed.
+        """
         return importlib.util.find_spec(self.framework) is not None
 
     def version(self) -> str | None:
-        """The installed version of ``distribution``; None when the spec names none or it is not installed."""
+        """The installed version of ``distribution``.
+
+        Returns:
+            The version string; None when the spec names no distribution or it is not installed.
+        """
         if not self.distribution:
             return None
         try:
@@ -375,11 +401,14 @@ def register_plugin(plugin: Any, name: str | None = None) -> None:
     The drivers it describes are available at once; a malformed answer is refused with a warning like an
     installed plugin's (an error under ``DRIVETRAIN_STRICT_PLUGINS=1``).
 
-    :param plugin: an object or module with ``hookimpl``-decorated ``drivetrain_driver_specs`` (and/or
-        ``drivetrain_loggers``) functions.
-    :param name: the plugin's name (``DRIVETRAIN_PLUGINS_DENY`` and ``drivetrain backends`` use it); pluggy
-        makes one up when None.
-    :raises ValueError: when a plugin of that name is already registered.
+    Args:
+        plugin: an object or module with ``hookimpl``-decorated ``drivetrain_driver_specs`` (and/or
+            ``drivetrain_loggers``) functions.
+        name: the plugin's name (``DRIVETRAIN_PLUGINS_DENY`` and ``drivetrain backends`` use it); pluggy
+            makes one up when None.
+
+    Raises:
+        ValueError: a plugin of that name is already registered.
     """
     registry = get_registry()
     registry.manager.register(plugin, name=name)
@@ -393,10 +422,14 @@ def reset_registry() -> None:
 
 
 def available_drivers() -> dict[str, DriverSpec]:
-    """The installed drivers, ``{name: DriverSpec}``, found through the ``drivetrain`` entry points (and
-    :func:`register_plugin`). Imports no framework: a spec says what its driver needs and can do.
+    """The installed drivers, found through the ``drivetrain`` entry points (and :func:`register_plugin`).
 
-    Plugins that fail to load are left out with a warning (``drivetrain backends`` lists them)."""
+    Imports no framework: a spec says what its driver needs and can do. Plugins that fail to load are left
+    out with a warning (``drivetrain backends`` lists them).
+
+    Returns:
+        ``{driver name: DriverSpec}``.
+    """
     return dict(get_registry().specs)
 
 

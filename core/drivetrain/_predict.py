@@ -122,6 +122,32 @@ def predict(model: Any, dataloader: Any, *, driver: str | Driver = "auto", devic
     ``predictions.json``) instead of memory. Example::
 
         logits = drivetrain.predict(model, test_loader, driver="torch")["logits"]
+
+    Args:
+        model: the model, an object of your framework.
+        dataloader: the batches to predict.
+        driver: ``"auto"``, a driver name, or a `Driver`.
+        device: where the model runs, in the driver's terms.
+        predict_fn: a model method name or a function of the batch's values (default: ``predict_step``,
+            else forward).
+        input_mapping: a dict renaming batch keys or a function of the batch.
+        output_mapping: renames or reshapes the outputs.
+        model_wo_auto_param_call: True passes the whole batch as one argument.
+        fp16: shorthand for ``precision="fp16"``.
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        progress_bar: ``"auto"``, ``"rich"``, ``"tqdm"``, ``"raw"`` or None.
+        num_batches: predict at most this many batches (-1: all).
+        save_to: a folder to stream the outputs into, for predictions larger than memory.
+        pad_value: fills the padding when batches of different lengths are stacked.
+        **kwargs: ``<driver>_kwargs`` dicts of framework options.
+
+    Returns:
+        ``{output name: numpy array}``, one row per sample in dataset order (with ``save_to``: the same,
+        memory-mapped from the folder).
+
+    Raises:
+        ConfigurationError: an argument is wrong (a misspelt keyword gets the closest accepted name).
+        BatchMismatchError: a batch does not fit the predict function.
     """
     backend_kwargs, unknown = split_backend_kwargs(kwargs)
     if unknown:
@@ -143,7 +169,14 @@ def load_predictions(folder: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Nothing is read into memory until the arrays are indexed, so predictions larger than memory stay usable.
 
-    :raises ConfigurationError: when ``folder`` holds no predictions written by :func:`predict`.
+    Args:
+        folder: the folder given to ``predict(save_to=...)``.
+
+    Returns:
+        ``{output name: read-only memory-mapped numpy array}``.
+
+    Raises:
+        ConfigurationError: ``folder`` holds no predictions written by :func:`predict`.
     """
     folder = os.fspath(folder)
     try:

@@ -40,6 +40,19 @@ class ReproducibleBatchSampler:
     global batch is split evenly, padding with samples from the start of the order
     unless ``drop_last``; ``even_batches=True`` refuses data sizes that would need it
     (with ``drop_last`` nothing is padded, so any size is accepted).
+
+    Args:
+        dataset_len: samples in the dataset.
+        batch_size: samples per batch on each process.
+        shuffle: draw a new order every epoch (else ``0..dataset_len-1``).
+        drop_last: leave out the last, incomplete global batch.
+        seed: the seed of the orders (None: drawn from python's ``random``).
+        num_replicas: processes sharing the data.
+        rank: this process's rank among them.
+        even_batches: refuse a dataset size that would need padding.
+
+    Raises:
+        ConfigurationError: a size or rank out of range, or an uneven size under ``even_batches``.
     """
 
     def __init__(self, dataset_len: int, batch_size: int, *, shuffle: bool, drop_last: bool = False,
@@ -63,14 +76,23 @@ class ReproducibleBatchSampler:
             )
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch's permutation; a new epoch starts from its first sample."""
+        """Select the epoch's permutation; a new epoch starts from its first sample.
+
+        Args:
+            epoch: the epoch index (0-based).
+        """
         if epoch != self.epoch:
             self.epoch = epoch
             self._start = 0
             self._epoch_start_offset = 0
 
     def resume(self, epoch: int, consumed_samples: int) -> None:
-        """Make the next iteration start ``consumed_samples`` into ``epoch``'s order."""
+        """Make the next iteration start ``consumed_samples`` into ``epoch``'s order.
+
+        Args:
+            epoch: the epoch to resume.
+            consumed_samples: samples of it already consumed by all ranks together.
+        """
         self.epoch = epoch
         self._start = max(0, min(int(consumed_samples), self.dataset_len))
         self._epoch_start_offset = self._start
@@ -81,12 +103,23 @@ class ReproducibleBatchSampler:
         return self.batch_size * self.num_replicas
 
     def consumed_samples(self, batches_since_start: int) -> int:
-        """Samples of the epoch consumed by all ranks once each took ``batches_since_start`` batches
-        of the running iteration (which may itself have started mid-epoch after a resume)."""
+        """Samples of the epoch consumed by all ranks once each took ``batches_since_start`` batches.
+
+        Args:
+            batches_since_start: batches of the running iteration (which may itself have started
+                mid-epoch after a resume).
+
+        Returns:
+            The epoch's consumed samples, at most ``dataset_len``.
+        """
         return min(self._epoch_start_offset + batches_since_start * self.global_batch_size, self.dataset_len)
 
     def batches_left(self) -> int:
-        """Batches the next iteration yields on this rank."""
+        """Batches the next iteration yields on this rank.
+
+        Returns:
+            The count, fewer than ``len(self)`` after a resume in the middle of an epoch.
+        """
         return self._batches_from(self._start)
 
     def _batches_from(self, offset: int) -> int:
@@ -99,12 +132,22 @@ class ReproducibleBatchSampler:
         ``len(self)`` minus the batches left from that offset: a checkpoint taken at another world
         size (another global batch) maps to the batch count of this layout, so the epoch still ends
         after ``len(self)`` batches and every remaining sample is seen once.
+
+        Args:
+            consumed_samples: samples of the epoch consumed, all ranks together.
+
+        Returns:
+            The index of the first batch still to come.
         """
         return len(self) - self._batches_from(max(0, min(int(consumed_samples), self.dataset_len)))
 
     def order(self) -> np.ndarray:
-        """The epoch's sample order before sharding: a permutation drawn from ``(seed, epoch)`` when
-        shuffling (the same on every rank and after a resume), else ``0..dataset_len-1``."""
+        """The epoch's sample order before sharding.
+
+        Returns:
+            A permutation drawn from ``(seed, epoch)`` when shuffling (the same on every rank and after a
+            resume), else ``0..dataset_len-1``.
+        """
         if not self.shuffle:
             return np.arange(self.dataset_len)
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.dataset_len)
@@ -138,6 +181,12 @@ class ReproducibleBatchSampler:
 
         Computed from the iteration's order, not remembered from what was yielded, so it is
         right even when a dataloader's workers have already fetched batches ahead.
+
+        Args:
+            batches_since_start: the batch's index in the running iteration.
+
+        Returns:
+            This rank's dataset indices of that batch, or None before any iteration or past its end.
         """
         iteration = getattr(self, "_iteration", None)
         if iteration is None:
@@ -152,12 +201,23 @@ class ReproducibleBatchSampler:
         return full if self.drop_last or not rest else full + 1
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of this sampler: its seed and the data layout :meth:`load_state_dict` checks."""
+        """What a checkpoint keeps of this sampler.
+
+        Returns:
+            Its seed and the data layout :meth:`load_state_dict` checks, as plain data.
+        """
         return {"seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size,
                 "drop_last": self.drop_last, "dataset_len": self.dataset_len}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take the saved seed; the data layout must be the one the checkpoint was taken with."""
+        """Take the saved seed; the data layout must be the one the checkpoint was taken with.
+
+        Args:
+            state: what :meth:`state_dict` returned.
+
+        Raises:
+            ConfigurationError: the shuffle, batch size, drop_last or dataset length differ.
+        """
         for key in ("shuffle", "batch_size", "drop_last", "dataset_len"):
             if state.get(key) != getattr(self, key):
                 raise ConfigurationError(

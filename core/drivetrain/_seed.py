@@ -35,9 +35,14 @@ def seed_everything(seed: int) -> int:
         seed_everything(0)
         assert torch.equal(first, torch.rand(2))
 
-    :param seed: an int in ``[0, 2**32)``.
-    :returns: ``seed``.
-    :raises ConfigurationError: for any other seed.
+    Args:
+        seed: an int in ``[0, 2**32)``.
+
+    Returns:
+        ``seed``.
+
+    Raises:
+        ConfigurationError: for any other seed.
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
         raise ConfigurationError(f"seed_everything(seed={seed!r}): the seed must be an int in [0, 2**32).")

@@ -71,8 +71,79 @@ def _default_batch_step(trainer: Trainer, batch: Any) -> None:
 class Trainer:
     """Train ``model`` on ``train_dataloader`` with ``optimizers`` through the driver of its framework.
 
-    The arguments and their meaning follow fastNLP's Trainer; see the user guide
-    (docs/user-guide/trainer.md) for each one with an example.
+    The arguments and their meaning follow fastNLP's Trainer; [the Trainer guide](../user-guide/trainer.md)
+    shows each one at work. Every argument is checked here, before any batch is touched; ``run()`` trains.
+
+    Args:
+        model: the model, an object of your framework (a ``torch.nn.Module`` for the torch driver).
+        train_dataloader: anything iterable yielding batches (a ``DataLoader``, a list of dicts). With a
+            ``len()`` the Trainer knows the epoch length; without one an epoch ends when it is exhausted.
+        optimizers: one optimizer or a list, stepped together; None only with a ``batch_step_fn`` that
+            updates the model itself.
+        driver: ``"auto"`` (the backend that recognises the model's class), a driver name (``"torch"``,
+            ``"torch_ddp"``, ``"paddle"``...) or a ready `Driver`.
+        device: where the model runs, in the driver's terms: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, an int, a
+            list of GPUs for a distributed driver, or None to leave the model where it is.
+        n_epochs: passes over ``train_dataloader``.
+        evaluate_dataloaders: one dataloader or ``{name: dataloader}``; the names appear in result keys
+            (``acc#acc#dev``). Needs ``metrics``.
+        batch_step_fn: ``fn(trainer, batch)`` replacing what happens with each batch (default: forward,
+            backward, step, zero_grad; see ``train_step``).
+        evaluate_batch_step_fn: ``fn(evaluator, batch)`` replacing the evaluation of one batch.
+        train_fn: name of the model method training calls (default: ``train_step`` if the model has
+            one, else the model itself).
+        evaluate_fn: name of the model method evaluation calls (default: ``evaluate_step``, else forward).
+        callbacks: one `Callback` or a list, run at the events they override.
+        metrics: ``{name: Metric}`` computed on ``evaluate_dataloaders``, e.g. ``{"acc": Accuracy()}``.
+        evaluate_every: when to evaluate while training: ``-n`` after every n-th epoch (default: each
+            epoch), ``n`` after every n-th batch of the run, or ``fn(trainer) -> bool`` asked after each batch.
+        input_mapping: a dict renaming batch keys (``{"features": "x"}``) or a function of the batch,
+            applied before the model call, in training and evaluation.
+        output_mapping: the same for what the model returns, before the loss, metrics and callbacks see it.
+        model_wo_auto_param_call: True passes the whole batch as one argument instead of matching a dict
+            batch's keys to the model function's parameter names.
+        accumulation_steps: backpropagate every batch but step the optimizers every this many batches,
+            each loss divided so a step sees the mean gradient.
+        fp16: shorthand for ``precision="fp16"``.
+        monitor: the evaluation result that counts as the score (``"acc"``, ``"acc#acc#dev"``, or
+            ``fn(results) -> float``), read by early stopping and top-k checkpoints.
+        larger_better: whether a larger ``monitor`` value is better.
+        n_batches: train exactly this many batches in all instead of ``n_epochs`` (-1: use ``n_epochs``).
+        overfit_batches: debugging: train (and evaluate) on the first n batches only, every epoch (-1:
+            all of them held in memory; 0: off).
+        marker: a label; functions registered with ``Trainer.on(event, marker=...)`` attach to every
+            Trainer with this marker.
+        progress_bar: ``"auto"``, ``"rich"``, ``"raw"``, ``"tqdm"``, None, or a progress callback.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``, as the driver supports it.
+        grad_clip: clip gradients before each optimizer step at this value (None: no clipping).
+        grad_clip_type: ``"norm"`` rescales all gradients to a global norm of at most ``grad_clip``;
+            ``"value"`` clamps each element into ``[-grad_clip, grad_clip]``.
+        nproc: processes to train with, for a distributed driver (None: one, or what a launcher started).
+        loss_fn: ``loss_fn(outputs, batch) -> loss`` for a model that returns no loss (logits only).
+        train_input_mapping: like ``input_mapping``, for training only.
+        train_output_mapping: like ``output_mapping``, for training only.
+        evaluate_input_mapping: like ``input_mapping``, for evaluation only.
+        evaluate_output_mapping: like ``output_mapping``, for evaluation only.
+        check_dataloader_legality: let the driver check ``train_dataloader`` now (False skips the check).
+        reproducible_sampler: let the driver install a `ReproducibleBatchSampler`, so a run resumed in
+            the middle of an epoch continues with exactly the next samples.
+        use_dist_sampler: in distributed training, shard ``train_dataloader`` across the processes
+            (False: your dataloaders already give each process its share).
+        evaluate_use_dist_sampler: the same for the evaluation dataloaders (default: ``use_dist_sampler``).
+        loggers: the run record: logger names (``"csv"``, ``"jsonl"``, ``"tensorboard"``...) or
+            ``drivetrain.loggers`` objects.
+        log_every_n_steps: batches one logged window spans (default 50 with loggers).
+        run_dir: the folder name-given loggers write to (default ``runs/<date>-<time>``).
+        log_level: level of drivetrain's own messages (``"debug"``... or a ``logging`` number; default
+            ``"info"`` on the global-zero process, ``"warning"`` on the others).
+        **kwargs: ``<driver>_kwargs`` dicts of options for one framework's driver
+            (``torch_kwargs={"set_to_none": False}``); only the chosen driver's is used.
+
+    Raises:
+        ConfigurationError: an argument is wrong (the message names it and the fix; a misspelt keyword
+            gets the closest accepted name).
+        DriverNotFoundError: the driver is unknown or its backend or framework is not installed.
+        DriverError: the driver rejects the device, an optimizer, the precision or the model.
     """
 
     _registered_fns: ClassVar[dict[str | None, list[tuple[Event, Callable]]]] = defaultdict(list)
@@ -244,7 +315,18 @@ class Trainer:
     # ------------------------------------------------------------------ callbacks
     @classmethod
     def on(cls, event: Event, marker: str | None = None) -> Callable[[Callable], Callable]:
-        """Decorator registering ``fn`` for ``event`` on the next Trainer built (or every Trainer with ``marker``)."""
+        """Decorator registering ``fn`` for ``event`` on the next Trainer built (or every Trainer with ``marker``).
+
+        Args:
+            event: the `Event` to handle, e.g. ``Event.on_train_epoch_end()``.
+            marker: attach ``fn`` to every Trainer built with this ``marker`` (None: the next Trainer only).
+
+        Returns:
+            The decorator; it returns ``fn`` unchanged.
+
+        Raises:
+            ConfigurationError: ``event`` is not an `Event`, or ``fn`` cannot take the event's arguments.
+        """
         if not isinstance(event, Event):
             raise ConfigurationError(f"Trainer.on(event={event!r}): pass an Event such as Event.on_train_begin().")
 
@@ -266,12 +348,27 @@ class Trainer:
         return fns
 
     def add_callback_fn(self, event: Event, fn: Callable) -> None:
-        """Attach ``fn(trainer, ...)`` to ``event`` on this trainer."""
+        """Attach ``fn(trainer, ...)`` to ``event`` on this trainer.
+
+        Args:
+            event: the `Event` (or its name) to handle.
+            fn: called with the trainer and the event's arguments.
+
+        Raises:
+            ConfigurationError: ``fn`` cannot take the event's arguments, or ``event`` is no event.
+        """
         self.callback_manager.add_fn(event, fn, where="add_callback_fn")
 
     def fire(self, name: str, *args: Any) -> None:
-        """Run the callbacks registered for event ``name`` (an :class:`Event` name) with ``args``; a callback that
-        raises is reported as a :class:`CallbackError` naming it and the event."""
+        """Run the callbacks registered for event ``name`` with ``args``.
+
+        Args:
+            name: an :class:`Event` name (``"on_train_begin"``).
+            *args: the event's arguments after the trainer.
+
+        Raises:
+            CallbackError: a callback raised; the message names it and the event.
+        """
         handlers = self._handlers[name]
         if handlers:
             self.callback_manager.fire(name, self, *args)
@@ -305,6 +402,20 @@ class Trainer:
         The string ``"latest"`` takes the newest training checkpoint over the folders of the trainer's
         CheckpointCallback(s) and starts fresh when there is none yet, so one command line serves the
         first start and every restart (the keyword wins over a folder named ``latest``: pass ``"./latest"``).
+
+        Args:
+            num_train_batch_per_epoch: cut every epoch after this many batches (-1: full epochs).
+            num_eval_batch_per_dl: evaluate at most this many batches per dataloader (-1: all).
+            num_eval_sanity_batch: batches per dataloader evaluated before training (0: skip).
+            resume_from: a checkpoint folder, a folder of checkpoints, or ``"latest"``.
+            resume_training: True continues where the checkpoint left off; False loads the model and
+                optimizer states and trains from the start.
+            catch_KeyboardInterrupt: True returns quietly on Ctrl-C instead of raising it again.
+
+        Raises:
+            ConfigurationError: a count is out of range, or ``run()`` was already called.
+            CheckpointError: the checkpoint to resume from is damaged or does not fit this trainer.
+            TrainingTerminated: SIGTERM arrived (after ``on_exception`` and ``on_train_end`` ran).
         """
         check_int(num_train_batch_per_epoch, "num_train_batch_per_epoch", minimum=1, allowed=(-1,))
         check_int(num_eval_batch_per_dl, "num_eval_batch_per_dl", minimum=1, allowed=(-1,))
@@ -572,14 +683,23 @@ class Trainer:
         return min(k, self._epoch_length - start)
 
     def get_no_sync_context(self) -> contextlib.AbstractContextManager:
-        """``driver.no_sync()`` inside an accumulation cycle, a no-op on the batch that steps."""
+        """The context to run a batch's forward and backward in.
+
+        Returns:
+            ``driver.no_sync()`` inside an accumulation cycle (no gradient exchange), a no-op context on
+            the batch that steps.
+        """
         return self._null if self.accumulation_steps == 1 or self._is_cycle_end() else self.driver.no_sync()
 
     def train_step(self, batch: Any) -> Any:
         """Run the train function on ``batch`` (already input-mapped by the loop) in the driver's precision.
 
-        Returns the outputs after ``output_mapping``; with ``loss_fn`` they are a dict holding
-        ``loss_fn(outputs, batch)`` as ``"loss"`` beside the named outputs.
+        Args:
+            batch: the batch, on the device and input-mapped.
+
+        Returns:
+            The outputs after ``output_mapping``; with ``loss_fn`` a dict holding ``loss_fn(outputs, batch)``
+            as ``"loss"`` beside the named outputs.
         """
         driver = self.driver
         if self._plain_forward:  # full precision: nothing to enter
@@ -595,7 +715,14 @@ class Trainer:
         return outputs
 
     def backward(self, outputs: Any) -> None:
-        """Backpropagate ``outputs["loss"]``, divided by the accumulation cycle's size."""
+        """Backpropagate ``outputs["loss"]``, divided by the accumulation cycle's size.
+
+        Args:
+            outputs: what ``train_step`` returned: a dict (or object) with a ``loss``, or the loss itself.
+
+        Raises:
+            BatchMismatchError: the outputs hold no loss (the message suggests ``output_mapping`` or ``loss_fn``).
+        """
         if self._handlers["on_before_backward"]:
             self.fire("on_before_backward", outputs)
         loss = outputs["loss"] if type(outputs) is dict and "loss" in outputs else require_loss(
@@ -642,7 +769,17 @@ class Trainer:
         return results
 
     def evaluate(self, num_eval_batch_per_dl: int = -1) -> dict[str, float]:
-        """Evaluate now with the trainer's evaluator (fires on_evaluate_begin/end)."""
+        """Evaluate now with the trainer's evaluator (fires on_evaluate_begin/end).
+
+        Args:
+            num_eval_batch_per_dl: evaluate at most this many batches per dataloader (-1: all).
+
+        Returns:
+            The results, ``{"metric#element#dataloader": value}`` (``{"acc#acc#dev": 0.93}``).
+
+        Raises:
+            ConfigurationError: the trainer has no ``metrics``.
+        """
         if self.evaluator is None:
             raise ConfigurationError("Trainer.evaluate(): this trainer has no metrics/evaluate_dataloaders.")
         self.num_eval_batch_per_dl = num_eval_batch_per_dl
@@ -660,6 +797,19 @@ class Trainer:
         the outputs of the whole dataset. ``save_to`` streams them into a folder instead
         (see :func:`drivetrain.predict`). The display follows the trainer's ``progress_bar``
         unless one is given here (``None``: no display).
+
+        Args:
+            dataloader: the batches to predict.
+            predict_fn: a model method name or a function of the batch's values.
+            output_mapping: renames or reshapes the outputs.
+            input_mapping: adapts each batch (default: the trainer's evaluation mapping).
+            num_batches: predict at most this many batches (-1: all).
+            progress_bar: a display for this call (default: the trainer's; None: none).
+            save_to: a folder to stream the outputs into (read back with `load_predictions`).
+            pad_value: fills the padding when batches of different lengths are stacked.
+
+        Returns:
+            ``{output name: numpy array}`` in dataset order (with ``save_to``: what `load_predictions` reads).
         """
         from ._predict import Predictor
 
@@ -674,7 +824,18 @@ class Trainer:
             self.driver.set_model_mode("train")
 
     def monitor_value(self, results: Mapping[str, float], monitor: Any = None) -> float:
-        """The value ``monitor`` (default: the trainer's) picks from evaluation results."""
+        """The value ``monitor`` picks from evaluation results.
+
+        Args:
+            results: evaluation results, as ``evaluate()`` returns them.
+            monitor: a result name, full key or ``fn(results) -> float`` (default: the trainer's).
+
+        Returns:
+            The monitored value.
+
+        Raises:
+            ConfigurationError: no monitor is set, or it matches no result (the message lists them).
+        """
         monitor = self.monitor if monitor is None else monitor
         if monitor is None:
             raise ConfigurationError("no monitor is set; pass monitor= to the Trainer or the callback.")
@@ -703,7 +864,18 @@ class Trainer:
         loop position, the sampler and callback states, and a manifest with a sha256
         per file. Nothing is pickled unless ``allow_pickle=True`` (then only callback
         states that are not plain data). Frozen parameters (a base under an adapter) are
-        left out and fingerprinted, unless ``save_frozen=True``. Returns the folder's absolute path.
+        left out and fingerprinted, unless ``save_frozen=True``.
+
+        Args:
+            folder: the checkpoint folder to write (replaced atomically if it exists).
+            allow_pickle: pickle callback states that are not plain data (else they are an error).
+            save_frozen: also write frozen parameters.
+
+        Returns:
+            The folder's absolute path.
+
+        Raises:
+            StateEncodingError: a callback state is not plain data and ``allow_pickle`` is False.
         """
         return trainer_io.save_trainer(self, folder, allow_pickle, save_frozen)
 
@@ -714,6 +886,14 @@ class Trainer:
         With ``resume_training=False`` only the model and optimizer states are loaded and
         the loop starts from the beginning. Everything is read, checked and parsed before
         anything is applied, so a damaged checkpoint changes nothing.
+
+        Args:
+            folder: a folder written by ``save_checkpoint``.
+            resume_training: False loads only the model and optimizer states.
+            allow_pickle: accept pickled callback states (only from a checkpoint you trust).
+
+        Raises:
+            CheckpointError: the checkpoint is damaged, incomplete, or for another driver or model.
         """
         trainer_io.load_trainer(self, folder, resume_training, allow_pickle)
 
@@ -730,6 +910,14 @@ class Trainer:
         a file that holds the whole model. ``merge_adapters=True`` writes the whole model with its
         adapters (peft LoRA) folded into the base weights, under the base model's names, and the
         base's ``config.json``: a folder ``from_pretrained`` reads, without peft.
+
+        Args:
+            folder: the folder to write.
+            save_frozen: also write frozen parameters.
+            merge_adapters: write the whole model with its adapters folded into the base weights.
+
+        Returns:
+            The path of the weights file (a sharding driver: the folder).
         """
         return trainer_io.save_model(self, folder, save_frozen, merge_adapters)
 
@@ -738,6 +926,12 @@ class Trainer:
 
         The folder's checksums are verified first. A bare ``.safetensors`` file (from
         another tool) is accepted too; it has no manifest to verify against.
+
+        Args:
+            folder: a model or checkpoint folder, or a ``.safetensors`` file.
+
+        Raises:
+            CheckpointError: a checksum, a name or a shape does not match; nothing is loaded then.
         """
         trainer_io.load_model(self, folder)
 
@@ -760,6 +954,12 @@ class Trainer:
         A :class:`ConfigurationError` names the fix when no CheckpointCallback keeps top-k checkpoints or
         none is saved yet. In a distributed run every rank calls it and loads the folder rank 0 names.
         ``CheckpointCallback(topk=k, load_best_model_at_end=True)`` does this when training ends.
+
+        Returns:
+            The folder loaded from.
+
+        Raises:
+            ConfigurationError: no CheckpointCallback keeps top-k checkpoints, or none is saved yet.
         """
         from ._callbacks_lib.checkpoint import load_best_model
 

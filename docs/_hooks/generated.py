@@ -8,8 +8,11 @@ A page asks for generated content with an HTML comment (invisible when the Markd
   imports no framework) and marked as such.
 - ``<!-- drivetrain:capabilities NAME -->``: the same for the drivers of the ``drivetrain-NAME`` package,
   with each driver's notes.
-- ``<!-- drivetrain:api MODULE -->``: one mkdocstrings entry per name of ``MODULE.__all__``, so the API
-  reference lists every public name and nothing else.
+- ``<!-- drivetrain:api MODULE NAME ... -->``: one mkdocstrings entry per name listed, so a page groups its
+  names under headings of its own; ``<!-- drivetrain:api MODULE -->`` (no names): every other name of
+  ``MODULE.__all__`` that no marker of the page lists, so the API reference lists every public name.
+- ``<!-- drivetrain:api-see MODULE NAME ... -->``: names documented on ``MODULE``'s page, as links there
+  (``drivetrain.Driver`` is the backend contract, on ``drivetrain.backend``'s page).
 
 It also adapts what reads well on GitHub to the site: a fence's run marks (```` ```python no-run ````, read by
 tests/docs) are dropped so the block highlights as its language, and a link to a repository file outside
@@ -26,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-MARKER = re.compile(r"<!-- drivetrain:(?P<kind>capabilities|api)(?: (?P<arg>[\w.]+))? -->")
+MARKER = re.compile(r"<!-- drivetrain:(?P<kind>capabilities|api|api-see)(?: (?P<arg>[\w.]+))?(?P<names>(?: \w+)*) -->")
 FENCE_MARKS = re.compile(r"^(?P<open> *(?:`{3,}|~{3,})[\w+-]+)[ \t]+[\w -]+$", re.MULTILINE)
 SIDE_BY_SIDE = '<div class="grid" markdown>'
 LINK = re.compile(r"\[(?P<text>[^\]\n]+)\]\((?P<target>\.\./[^)\s#]+)(?:#[^)\s]*)?\)")
@@ -38,7 +41,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001
         page.meta.setdefault("hide", []).append("toc")
     markdown = FENCE_MARKS.sub(r"\g<open>", markdown)
     markdown = LINK.sub(lambda match: _outside_link(match, DOCS / page.file.src_uri), markdown)
-    return MARKER.sub(lambda match: _generate(match["kind"], match["arg"]), markdown)
+    named = {name for m in MARKER.finditer(markdown) if m["kind"] != "capabilities" for name in m["names"].split()}
+    return MARKER.sub(lambda match: _generate(match["kind"], match["arg"], match["names"].split(), named), markdown)
 
 
 def _outside_link(match: re.Match, page: Path) -> str:
@@ -49,19 +53,35 @@ def _outside_link(match: re.Match, page: Path) -> str:
     return f"{match['text']} (`{target.relative_to(ROOT).as_posix()}` in the repository)"
 
 
-def _generate(kind: str, arg: str | None) -> str:
-    if kind == "api":
-        if arg is None:
-            raise ValueError("<!-- drivetrain:api MODULE --> needs a module name")
-        return api_entries(arg)
-    return capabilities_table(arg)
+def _generate(kind: str, arg: str | None, names: list[str], named: set[str]) -> str:
+    """What a marker asks for; ``named`` holds the names every marker of the page lists."""
+    if kind == "capabilities":
+        return capabilities_table(arg)
+    if arg is None:
+        raise ValueError(f"<!-- drivetrain:{kind} MODULE --> needs a module name")
+    if kind == "api-see":
+        return see_also(arg, names)
+    rest = [name for name in public_names(arg) if name not in named]
+    return api_entries(arg, names or rest)
 
 
-def api_entries(module_name: str) -> str:
-    """A ``::: module.Name`` block for every public name of ``module_name`` (``__version__`` aside)."""
-    module = importlib.import_module(module_name)
-    names = [name for name in module.__all__ if not name.startswith("__")]
+def public_names(module_name: str) -> list[str]:
+    """``module_name.__all__`` without ``__version__`` and the like."""
+    return [name for name in importlib.import_module(module_name).__all__ if not name.startswith("__")]
+
+
+def api_entries(module_name: str, names: list[str]) -> str:
+    """A ``::: module.Name`` block for each of ``names``, each a public name of ``module_name``."""
+    unknown = sorted(set(names) - set(public_names(module_name)))
+    if unknown:
+        raise ValueError(f"<!-- drivetrain:api {module_name} ... -->: {unknown} are not in {module_name}.__all__")
     return "\n\n".join(f"::: {module_name}.{name}" for name in names) + "\n"
+
+
+def see_also(module_name: str, names: list[str]) -> str:
+    """A list of links to the entries of ``names`` on ``module_name``'s page."""
+    api_entries(module_name, names)  # the same check of the names
+    return "".join(f"- [`{name}`][{module_name}.{name}]\n" for name in names)
 
 
 def driver_rows() -> list[tuple[object, str]]:

@@ -119,22 +119,40 @@ class CheckpointCallback(Callback):
     (at least one batch). So a run makes a few checks per interval (about log2 of the batches in it),
     and a save comes at most about a batch late unless batches become more than twice as slow.
 
-    Its state: the phase of the run (:class:`_Phase`), the saves that are due
-    (:class:`_Due`), and the checkpoints it keeps (``_periodic``, ``_best``). The events:
+    Args:
+        folder: the folder the checkpoints are written under, one sub-folder each.
+        every_n_batches: save every this many batches of the run.
+        every_n_epochs: save every this many epochs.
+        every_n_seconds: save once this much wall time passed since training began or the last save.
+        save_last: save ``last`` when training ends normally (finished or early-stopped).
+        save_on_exception: save ``exception-step_{s}`` when training raises (for salvage, not exact resume).
+        topk: keep the ``topk`` best evaluations by ``monitor`` (0: none).
+        monitor: the result that ranks the top-k checkpoints (default: the Trainer's).
+        larger_better: whether a larger ``monitor`` value is better (default: the Trainer's).
+        save_object: ``"trainer"``: resumable checkpoints; ``"model"``: the weights only.
+        keep_last_n: keep at most this many periodic checkpoints, deleting the oldest (None: all).
+        save_total_limit: Hugging Face's name for ``keep_last_n``; give one of the two.
+        load_best_model_at_end: load the best top-k checkpoint's weights when training ends normally.
+        allow_pickle: pickle callback states that are not plain data.
+        save_frozen: also write frozen parameters (a base model under an adapter).
 
-    ====================  =====================================================================
-    on_train_begin        any phase -> BETWEEN_EPOCHS; nothing due
-    on_train_epoch_begin  write what is due (at the epoch's start) -> IN_EPOCH
-    on_fetch_data_begin   write what is due (after the batches done), if anything is
-    on_train_batch_end    a periodic save is due every ``every_n_batches`` batches, or once
-                          ``every_n_seconds`` have passed
-    on_train_epoch_end    IN_EPOCH -> BETWEEN_EPOCHS; a periodic save is due every ``every_n_epochs``
-    on_evaluate_end       a top-k value is due (saved at once in IDLE)
-    on_exception          (not EarlyStopException) -> FAILED; write ``exception-...`` if asked
-    on_train_end          -> IDLE; unless FAILED, write what is due, then ``last``, then load the
-                          best weights if ``load_best_model_at_end``
-    ====================  =====================================================================
+    Raises:
+        ConfigurationError: an argument is wrong (a count below 1, ``topk`` without evaluation, both
+            ``keep_last_n`` and ``save_total_limit``...); the message names the fix.
     """
+
+    # Its state: the phase of the run (_Phase), the saves that are due (_Due), and the checkpoints it
+    # keeps (_periodic, _best). The events:
+    #   on_train_begin        any phase -> BETWEEN_EPOCHS; nothing due
+    #   on_train_epoch_begin  write what is due (at the epoch's start) -> IN_EPOCH
+    #   on_fetch_data_begin   write what is due (after the batches done), if anything is
+    #   on_train_batch_end    a periodic save is due every every_n_batches batches, or once
+    #                         every_n_seconds have passed
+    #   on_train_epoch_end    IN_EPOCH -> BETWEEN_EPOCHS; a periodic save is due every every_n_epochs
+    #   on_evaluate_end       a top-k value is due (saved at once in IDLE)
+    #   on_exception          (not EarlyStopException) -> FAILED; write exception-... if asked
+    #   on_train_end          -> IDLE; unless FAILED, write what is due, then last, then load the
+    #                         best weights if load_best_model_at_end
 
     rank_zero_only = False  # every rank must call save_checkpoint (it writes on rank 0 and waits)
     clock = staticmethod(time.monotonic)  # what every_n_seconds reads (rank 0's, in distributed runs)

@@ -22,6 +22,15 @@ class EarlyStopCallback(Callback):
     best value and the count of evaluations without improvement travel in checkpoints.
     Only evaluations during ``run()`` count: ``trainer.evaluate()`` before or after
     training neither moves the best nor stops anything.
+
+    Args:
+        monitor: the result to watch (default: the Trainer's ``monitor``).
+        larger_better: whether a larger value is better (default: the Trainer's).
+        patience: evaluations without improvement before training stops.
+        min_delta: how much a value must beat the best by to count as an improvement.
+
+    Raises:
+        ConfigurationError: ``patience`` below 1, a negative or infinite ``min_delta``, or a bad ``monitor``.
     """
 
     def __init__(self, monitor: Any = None, larger_better: bool | None = None, patience: int = 3,

@@ -20,6 +20,13 @@ class LRSchedulerCallback(Callback):
     ``load_state_dict`` (or paddle's ``set_state_dict``), so a resumed run continues
     the schedule. Any object with ``step()`` works: torch.optim.lr_scheduler.*,
     paddle.optimizer.lr.*, or your own.
+
+    Args:
+        scheduler: the scheduler, built on the Trainer's optimizer.
+        step_on: ``"batch"``: after every optimizer step; ``"epoch"``: at the end of every epoch.
+
+    Raises:
+        ConfigurationError: the scheduler has no ``step()``, or ``step_on`` is neither value.
     """
 
     def __init__(self, scheduler: Any, step_on: str = "batch") -> None:

@@ -88,6 +88,17 @@ class WarmupSchedule(Callback):
     Hugging Face's ``lr_scheduler_type="linear" | "cosine" | "constant_with_warmup"``,
     ``warmup_steps``, ``warmup_ratio`` and ``min_lr_rate`` map to ``kind``,
     ``warmup_steps``, ``warmup_ratio`` and ``min_lr_ratio``.
+
+    Args:
+        kind: ``"linear"`` or ``"cosine"`` decay to ``min_lr_ratio`` after the warmup, or ``"constant"``.
+        warmup_steps: optimizer steps of linear warmup from 0 (give this or ``warmup_ratio``).
+        warmup_ratio: the warmup as a fraction of ``total_steps``.
+        total_steps: optimizer steps of the whole schedule (default: the run's).
+        min_lr_ratio: the fraction of the base rate the decay ends at.
+
+    Raises:
+        ConfigurationError: an unknown ``kind``, both ``warmup_steps`` and ``warmup_ratio``, or a value out
+            of range.
     """
 
     def __init__(self, kind: str = "linear", *, warmup_steps: int | None = None, warmup_ratio: float | None = None,
@@ -152,7 +163,15 @@ class WarmupSchedule(Callback):
     def factor(self, step: int, total_steps: int | None = None) -> float:
         """The multiple of the base rate for the step after ``step`` completed ones (see :func:`schedule_factor`).
 
-        ``total_steps`` defaults to the callback's own, else the run's once training began.
+        Args:
+            step: optimizer steps completed.
+            total_steps: the schedule's length (default: the callback's own, else the run's once training began).
+
+        Returns:
+            The factor, between 0 and 1.
+
+        Raises:
+            ConfigurationError: the schedule needs a length and none is known yet.
         """
         total = next((t for t in (total_steps, self.total_steps, self._total) if t is not None), None)
         if total is None and self._needs_total():
@@ -172,7 +191,14 @@ class WarmupSchedule(Callback):
         return self.warmup_steps or 0
 
     def current_lrs(self) -> list[list[float]]:
-        """The rates the next optimizer step uses: every base rate times :meth:`factor` of :attr:`steps`."""
+        """The rates the next optimizer step uses: every base rate times :meth:`factor` of :attr:`steps`.
+
+        Returns:
+            One list of rates per optimizer, one rate per param group.
+
+        Raises:
+            ConfigurationError: the callback was not given to a Trainer yet.
+        """
         if self.base_lrs is None:
             raise ConfigurationError(f"{_OWNER}: no base learning rates yet; pass the callback to a Trainer first.")
         factor = self.factor(self.steps)

@@ -43,10 +43,22 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike, *,
     ``from_pretrained`` looks for). Tensor names are the model's ``state_dict`` keys. The file's
     checksum is verified before anything is read; ``out`` is replaced only once complete.
 
-    ``base``: for the ``save_model`` folder of a LoRA adapter (peft), the base model's weights (a
-    safetensors file, or a ``from_pretrained`` folder): the file written is the base with the adapter
-    folded in, under the base's names (as peft's ``merge_and_unload``); the base is checked against the
-    adapter folder's fingerprint of it first.
+    Args:
+        checkpoint: a checkpoint or model folder, or a folder of checkpoints (the newest is taken).
+        out: the ``.safetensors`` file to write, or an existing folder to write ``model.safetensors`` in.
+        base: for the ``save_model`` folder of a LoRA adapter (peft), the base model's weights (a
+            safetensors file, or a ``from_pretrained`` folder): the file written is the base with the
+            adapter folded in, under the base's names (as peft's ``merge_and_unload``); the base is checked
+            against the adapter folder's fingerprint of it first. None: the checkpoint's own weights.
+
+    Returns:
+        The path of the file written.
+
+    Raises:
+        CheckpointError: the checkpoint is damaged, a file, holds no model weights or left its frozen
+            parameters out (the message says how to export it); or ``base`` does not fit the adapter.
+        FileNotFoundError: ``checkpoint`` does not exist, or the folder ``out`` is to be written in does not.
+        ValueError: ``out`` is the checkpoint's own model file.
     """
     folder = _checkpoint_folder(checkpoint)
     manifest = read_manifest(folder)

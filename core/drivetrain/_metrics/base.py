@@ -46,7 +46,18 @@ class Metric(abc.ABC):
 
     # ------------------------------------------------------------------ elements
     def register_element(self, name: str, value: Any = 0.0, aggregate: str = "sum") -> None:
-        """Declare a piece of state of fixed shape, reset to ``value`` and reduced with ``aggregate``."""
+        """Declare a piece of state of fixed shape, reset to ``value`` and reduced with ``aggregate``.
+
+        Call it in ``__init__``; the element then reads and writes as ``self.<name>``.
+
+        Args:
+            name: the element's name, a valid attribute name.
+            value: its initial value (a number or an array: the shape stays fixed).
+            aggregate: how processes combine it: ``"sum"``, ``"max"`` or ``"min"``.
+
+        Raises:
+            ConfigurationError: a bad name or aggregate, or ``super().__init__()`` was not called.
+        """
         elements = self.__dict__.get("_elements")
         if elements is None:
             raise ConfigurationError(
@@ -126,6 +137,12 @@ class Metric(abc.ABC):
 
         Calling it twice without :meth:`reset` reduces twice (sums would count twice
         in a distributed run).
+
+        Args:
+            all_reduce: ``all_reduce(array, op) -> array``, e.g. ``driver.all_reduce``.
+
+        Raises:
+            MetricInputError: ``all_reduce`` changed an element's shape.
         """
         for name, value in self._elements.items():
             reduced = np.asarray(all_reduce(value, self._aggregate_ops[name]))
@@ -139,11 +156,21 @@ class Metric(abc.ABC):
     # --------------------------------------------------------------- subclasses
     @abc.abstractmethod
     def update(self, *args: Any, **kwargs: Any) -> None:
-        """Add one batch; parameters are numpy arrays named like the batch/output keys (``pred``, ``target``)."""
+        """Add one batch; the evaluator passes the batch and output values the parameters name.
+
+        Args:
+            *args: a subclass names its inputs, e.g. ``update(self, pred, target)``: each is a numpy array
+                taken from the batch or the outputs by that name.
+            **kwargs: a ``**kwargs`` parameter receives every batch and output value.
+        """
 
     @abc.abstractmethod
     def get_metric(self) -> dict[str, float]:
-        """The results from the (aggregated) elements, as ``{name: float}``."""
+        """The results from the (aggregated) elements.
+
+        Returns:
+            ``{result name: float}``; the evaluator keys them ``result#metric#dataloader``.
+        """
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -79,6 +79,16 @@ class ClassifyFPreRecMetric(Metric):
         return tuple(names)
 
     def update(self, pred: Any, target: Any, seq_len: Any = None) -> None:
+        """Add one batch's true positives, false positives and false negatives per class.
+
+        Args:
+            pred: predicted class ids, or scores with a trailing class dimension (argmax is taken).
+            target: the true class ids, each in ``[0, num_classes)``.
+            seq_len: each row's length, shape ``(batch,)``, for sequence labelling: padding is left out.
+
+        Raises:
+            MetricInputError: the shapes disagree or an id is not a class.
+        """
         pred_ids, target_ids = prepare_labels(
             pred, target, seq_len, metric="ClassifyFPreRecMetric", num_classes=self.num_classes
         )
@@ -108,6 +118,11 @@ class ClassifyFPreRecMetric(Metric):
         return ids.astype(np.int64, copy=False)
 
     def get_metric(self) -> dict[str, float]:
+        """Precision, recall and F-beta over the kept labels (and per label unless ``only_gross``).
+
+        Returns:
+            ``{"f": ..., "pre": ..., "rec": ...}`` plus ``f-<label>``, ``pre-<label>``, ``rec-<label>`` keys.
+        """
         tp, fp, fn = (np.asarray(a, dtype=np.float64)[self.kept] for a in (self.tp, self.fp, self.fn))
         pre, rec, f = _scores(tp, fp, fn, self.beta)
         if self.f_type == "micro":

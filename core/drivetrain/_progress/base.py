@@ -82,11 +82,21 @@ class ProgressCallback(Callback):
 
     # ------------------------------------------------------------ subclasses
     def refresh(self, trainer: Any, finished_epoch: bool) -> None:
-        """Redraw epoch, batch and loss; ``finished_epoch`` is True at on_train_epoch_end."""
+        """Redraw epoch, batch and loss.
+
+        Args:
+            trainer: the `Trainer`, whose counters say where training is.
+            finished_epoch: True at ``on_train_epoch_end``, when the epoch's last batch is done.
+        """
         raise NotImplementedError
 
     def show_results(self, trainer: Any, results: dict[str, Any]) -> None:
-        """Display the results of an evaluation."""
+        """Display the results of an evaluation.
+
+        Args:
+            trainer: the `Trainer` that evaluated.
+            results: the results, ``{"acc#acc#dev": 0.93}``.
+        """
         raise NotImplementedError
 
     # --------------------------------------------------------------- helpers

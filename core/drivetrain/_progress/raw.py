@@ -14,8 +14,14 @@ class RawTextProgress(ProgressCallback):
     Also prints a line after each evaluation and a summary when training ends: how it
     ended (finished, stopped early, or stopped by an exception), how long it took, the
     last loss and the last evaluation.
-    ``file`` defaults to the current ``sys.stdout`` (looked up at print time, so
-    redirection and pytest's capture work).
+
+    Args:
+        print_every: print a line every that many batches.
+        file: the stream to print to (default: the current ``sys.stdout``, looked up at print time, so
+            redirection and pytest's capture work).
+
+    Raises:
+        ConfigurationError: ``print_every`` is not an int >= 1.
     """
 
     def __init__(self, print_every: int = 50, file: IO[str] | None = None) -> None:

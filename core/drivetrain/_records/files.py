@@ -129,6 +129,9 @@ class CSVLogger(_RowFile):
     """``metrics.csv``: one row per logged step, a column per scalar (empty where a row has none).
 
     Read it back with the ``csv`` module or ``pandas.read_csv``; ``step`` is the global batch count.
+
+    Args:
+        save_dir: the folder to write to (None: the Trainer's run folder).
     """
 
     name = "csv"
@@ -163,7 +166,11 @@ class CSVLogger(_RowFile):
 
 
 class JSONLinesLogger(_RowFile):
-    """``metrics.jsonl``: one JSON object per logged step (``{"step": 100, "train/loss": 0.41, ...}``)."""
+    """``metrics.jsonl``: one JSON object per logged step (``{"step": 100, "train/loss": 0.41, ...}``).
+
+    Args:
+        save_dir: the folder to write to (None: the Trainer's run folder).
+    """
 
     name = "jsonl"
     filename = "metrics.jsonl"

@@ -29,6 +29,12 @@ class Logger:
     ``save_dir`` is the folder a file-based logger writes to; None means the run folder the
     Trainer chose (``Trainer(run_dir=...)``, printed at the start). ``name`` is how errors
     and the ``loggers=`` strings name it.
+
+    Args:
+        save_dir: the folder to write to (None: the Trainer's run folder).
+
+    Raises:
+        ConfigurationError: ``save_dir`` is not a path.
     """
 
     name = "logger"
@@ -42,7 +48,14 @@ class Logger:
         self.save_dir: str | None = None if save_dir is None else os.fspath(save_dir)
 
     def folder(self, run_dir: str) -> str:
-        """The folder this logger writes to: its ``save_dir``, else ``run_dir``; created if missing."""
+        """The folder this logger writes to: its ``save_dir``, else ``run_dir``; created if missing.
+
+        Args:
+            run_dir: the Trainer's run folder.
+
+        Returns:
+            The folder's path.
+        """
         folder = self.save_dir if self.save_dir is not None else run_dir
         os.makedirs(folder, exist_ok=True)
         return folder
@@ -53,16 +66,34 @@ class Logger:
         ``resume_step`` is the global batch count of the checkpoint a resumed run started
         from (None for a fresh run): records after it belong to the run that crashed and
         are dropped, so the resumed run appends without duplicating steps.
+
+        Args:
+            run_dir: the Trainer's run folder.
+            resume_step: the resumed checkpoint's global batch count, or None for a fresh run.
         """
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
-        """The run's configuration, once at the start (plain data: str, numbers, bools, None, lists, dicts)."""
+        """The run's configuration, once at the start (plain data: str, numbers, bools, None, lists, dicts).
+
+        Args:
+            params: the configuration, ``{name: plain value}``.
+        """
 
     def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
-        """Training scalars (``train/loss``, ``train/lr``, ``train/samples_per_s``, ...) at global batch ``step``."""
+        """Training scalars (``train/loss``, ``train/lr``, ``train/samples_per_s``, ...) at global batch ``step``.
+
+        Args:
+            scalars: ``{name: value}``.
+            step: the global batch count they belong to.
+        """
 
     def log_evaluation(self, results: Mapping[str, float], step: int) -> None:
-        """One evaluation's results at global batch ``step``; by default logged as ``eval/<name>`` scalars."""
+        """One evaluation's results at global batch ``step``; by default logged as ``eval/<name>`` scalars.
+
+        Args:
+            results: ``{"acc#acc#dev": 0.93, ...}``.
+            step: the global batch count of the evaluation.
+        """
         self.log_scalars({f"eval/{name}": value for name, value in results.items()}, step)
 
     def flush(self) -> None:
@@ -71,10 +102,19 @@ class Logger:
 
     def close(self, status: str, summary: Mapping[str, Any]) -> None:
         """The end of the run: ``status`` is ``"finished"``, ``"stopped"`` (early stop, Ctrl-C) or
-        ``"failed"``; ``summary`` holds the last scalars, the step count and the time taken."""
+        ``"failed"``; ``summary`` holds the last scalars, the step count and the time taken.
+
+        Args:
+            status: ``"finished"``, ``"stopped"`` or ``"failed"``.
+            summary: the last scalars, the step count and the time taken.
+        """
 
     def describe(self) -> str:
-        """A few words for the start-of-run message: the logger and where it writes."""
+        """A few words for the start-of-run message: the logger and where it writes.
+
+        Returns:
+            E.g. ``"csv in runs/2026-11-28-101500"``.
+        """
         return self.name if self.save_dir is None else f"{self.name} in {self.save_dir}"
 
 

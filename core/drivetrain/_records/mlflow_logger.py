@@ -64,6 +64,17 @@ class MLflowLogger(Logger):
     id>`` and, if ``kill -9`` left it RUNNING, marked KILLED; its points stay as they were. The new
     run holds every step once. Without a ``run.json`` (or with a run the store does not know), the
     resumed run starts a run of its own.
+
+    Args:
+        save_dir: the logger's folder (None: the run folder's ``mlflow/``).
+        tracking_uri: another store or a tracking server (None: ``MLFLOW_TRACKING_URI``, else the folder's
+            SQLite store).
+        experiment: the experiment's name, made if missing.
+        run_name: the run's name (None: MLflow picks one).
+        tags: extra run tags.
+
+    Raises:
+        ConfigurationError: mlflow is not installed, or an argument has the wrong type.
     """
 
     name = "mlflow"

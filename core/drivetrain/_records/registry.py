@@ -26,7 +26,11 @@ BUILT_IN = {
 
 
 def logger_names() -> dict[str, str]:
-    """Every logger name a run may ask for -> ``"module:Class"``: the built-ins, then the plugins' own."""
+    """Every logger name a run may ask for -> ``"module:Class"``: the built-ins, then the plugins' own.
+
+    Returns:
+        ``{name: "module:Class"}``.
+    """
     from .._plugins import get_registry
 
     names = dict(BUILT_IN)

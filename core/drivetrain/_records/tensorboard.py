@@ -28,6 +28,12 @@ class TensorBoardLogger(Logger):
     View them with ``tensorboard --logdir RUN_DIR``. Tag names keep letters, digits, ``-/_.``;
     other characters become ``_`` (``eval/acc#acc#dev`` shows as ``eval/acc_acc_dev``). The
     configuration is written as a text summary (``hparams``, TensorBoard's Text tab).
+
+    Args:
+        save_dir: the folder of the event files (None: the run folder's ``tensorboard/``).
+
+    Raises:
+        ConfigurationError: tensorboardX is not installed (the message gives the install command).
     """
 
     name = "tensorboard"

@@ -47,6 +47,12 @@ class VisualDLLogger(Logger):
     as the compared metric) and, in full as JSON, to the Text tab (``hparams``); the end
     status is the text ``status``. Tag names keep letters, digits and ``-/_.``; other
     characters become ``_``. See the module docstring for what a resumed run does to the files.
+
+    Args:
+        save_dir: the folder of the records (None: the run folder's ``visualdl/``).
+
+    Raises:
+        ConfigurationError: visualdl is not installed (the message gives the install command).
     """
 
     name = "visualdl"

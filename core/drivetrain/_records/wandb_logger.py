@@ -64,6 +64,18 @@ class WandbLogger(Logger):
     a ``kill -9`` loses that row and at most the last second. :meth:`close` finishes the run
     and, when no other W&B run is active, stops wandb's service process, so the files are
     complete and no process is left behind when the Trainer returns.
+
+    Args:
+        save_dir: the folder wandb's files go under, in ``wandb/`` (None: the run folder).
+        project: the W&B project.
+        name: the run's name (None: W&B picks one).
+        mode: ``"online"``, ``"offline"``, ``"disabled"``, or None for the environment's choice.
+        tags: the run's tags.
+        resume: ``"rewind"``, ``"fork"`` or ``"new"``: how a resumed Trainer run continues (see above).
+        **init_kwargs: any other ``wandb.init`` argument (``entity=``, ``group=``, ``settings=``...).
+
+    Raises:
+        ConfigurationError: wandb is not installed, or ``mode``/``resume`` is not one of the values above.
     """
 
     name = "wandb"
