@@ -81,11 +81,14 @@ def _define_default_methods() -> None:
             return None
 
         method.__name__ = method.__qualname__ = name
-        method.__doc__ = f"Called as ({', '.join(('trainer',) + EVENT_ARGS[name])}).\n\n{event_arguments(name)}"
+        method.__doc__ = (f"Called as ``{name}({', '.join(('trainer',) + EVENT_ARGS[name])})``; [the events, in "
+                          "firing order](../user-guide/callbacks.md#the-events-in-firing-order) say when.\n\n"
+                          + event_arguments(name))
         # what help() and the docs show: the arguments the event passes, not the catch-all *args
-        parameters = [inspect.Parameter(arg, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                      for arg in ("self", "trainer") + EVENT_ARGS[name]]
-        method.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+        parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        parameters += [inspect.Parameter(arg, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Any")
+                       for arg in ("trainer",) + EVENT_ARGS[name]]
+        method.__signature__ = inspect.Signature(parameters, return_annotation="None")  # type: ignore[attr-defined]
         return method
 
     for name in EVENT_ARGS:

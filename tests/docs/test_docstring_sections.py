@@ -93,7 +93,7 @@ def _returns_value(function: Callable, is_constructor: bool) -> bool:
 def sections(docstring: str) -> dict[str, list[str]]:
     """``{section kind: documented names}`` of a docstring as griffe's Google parser reads it."""
     logging.getLogger("griffe").setLevel(logging.ERROR)
-    parsed = griffe.Docstring(docstring).parse("google")
+    parsed = griffe.Docstring(docstring).parse("google", returns_multiple_items=False)
     found: dict[str, list[str]] = {}
     for section in parsed:
         kind = section.kind.value
