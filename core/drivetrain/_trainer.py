@@ -398,7 +398,8 @@ class Trainer:
         Python program; ``catch_KeyboardInterrupt=True`` (fastNLP's habit) returns quietly instead.
         SIGTERM (sent by SLURM, Kubernetes, ``kill``) raises :class:`TrainingTerminated` the same way
         (exit status 143). ``resume_from`` is a checkpoint folder, or a
-        folder of checkpoints (the newest complete one is taken); see :meth:`load_checkpoint`.
+        folder of checkpoints (the newest complete one is taken); see :meth:`load_checkpoint` and
+        [Checkpoints and resume](../user-guide/checkpoints.md).
         The string ``"latest"`` takes the newest training checkpoint over the folders of the trainer's
         CheckpointCallback(s) and starts fresh when there is none yet, so one command line serves the
         first start and every restart (the keyword wins over a folder named ``latest``: pass ``"./latest"``).
@@ -824,7 +825,8 @@ class Trainer:
             self.driver.set_model_mode("train")
 
     def monitor_value(self, results: Mapping[str, float], monitor: Any = None) -> float:
-        """The value ``monitor`` picks from evaluation results.
+        """The value ``monitor`` picks from evaluation results, by the rules of
+        [Evaluation and metrics](../user-guide/evaluation-and-metrics.md#monitor).
 
         Args:
             results: evaluation results, as ``evaluate()`` returns them.
