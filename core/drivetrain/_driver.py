@@ -546,6 +546,7 @@ class Driver(abc.ABC):
 
         Args:
             save_frozen: whether the folder also holds the frozen parameters.
+            merged: whether the folder holds the merged weights (``save_model(merge_adapters=True)``).
 
         Returns:
             ``{file name: bytes or tensors}``, empty by default.
@@ -556,6 +557,9 @@ class Driver(abc.ABC):
         """The model's weights with its adapters folded into the base weights, under the base model's own
         names (what peft's ``merge_and_unload`` leaves), computed without changing the model; None when the
         model has no adapter. ``save_model(folder, merge_adapters=True)`` writes it. Default: None.
+
+        Returns:
+            ``{name: tensor}`` of the merged model, or None.
         """
         return None
 
