@@ -214,3 +214,42 @@ def randomize_statistics(framework: str, model: Any, seed: int) -> None:
     if framework == "jittor":
         from drivetrain_jittor import import_jittor
         import_jittor().sync_all()
+
+
+def max_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest absolute difference between two logit arrays of the same shape."""
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+
+
+def committed_difference(framework: str, source: str) -> float:
+    """Load the committed folder ``source`` wrote into a fresh ``framework`` model through drivetrain; the largest
+    logit difference from the logits ``source`` saved beside it."""
+    import drivetrain
+
+    probe = np.load(os.path.join(DATA, source, "probe.npz"))
+    model = drivetrain.load_weights(BUILDERS[framework](), os.path.join(DATA, source, "model"), driver=framework)
+    return max_difference(logits(framework, model, probe["x"]), probe["logits"])
+
+
+def trainer_for(framework: str, model: Any) -> Any:
+    """A Trainer of ``model`` in ``framework`` (one batch of data), for save_model/load_model."""
+    from drivetrain import Trainer
+
+    batch = {k: to_tensor(framework, v) for k, v in training_batches()[0].items()}
+    return Trainer(model, [batch], optimizers=optimizer(framework, model), driver=framework, device="cpu",
+                   progress_bar=None)
+
+
+def live_difference(source: str, target: str, folder: str) -> float:
+    """Train the network in ``source`` through drivetrain, save it to ``folder``, load it into a ``target`` model
+    with ``trainer.load_model``; the largest logit difference on the probe input."""
+    import drivetrain
+
+    drivetrain.seed_everything(0)
+    trained = BUILDERS[source]()
+    train(source, trained).save_model(folder)
+    moved = BUILDERS[target]()
+    trainer_for(target, moved).load_model(folder)
+    x = probe_input()
+    return max_difference(logits(target, moved, x), logits(source, trained, x))

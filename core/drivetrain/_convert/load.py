@@ -152,5 +152,5 @@ def _converted_for_folder(source: SourceWeights, to: str, layout: WeightLayout,
 
 def _module_path(path: str, name_map: NameMap) -> str:
     """Module path ``path`` of the source under ``name_map`` (asked about a tensor of that module)."""
-    return split_name(rename(f"{path}.x", name_map))[0] if path else path
+    return split_name(rename(f"{path}.x" if path else "x", name_map))[0]
 
