@@ -17,10 +17,17 @@ import pytest
 import safetensors.numpy
 
 import drivetrain
-from drivetrain import CheckpointError, ConfigurationError, DriverSpec, TensorRule, Trainer, WeightLayout, hookimpl
+from drivetrain import (
+    CheckpointError,
+    ConfigurationError,
+    DriverSpec,
+    TensorRule,
+    Trainer,
+    WeightLayout,
+    hookimpl,
+)
 from drivetrain._cli import main
 from drivetrain._plugins import reset_registry
-
 from drivetrain_numpy.driver import NumpyDriver
 
 from .conftest import drivetrain_numpy, make_regression

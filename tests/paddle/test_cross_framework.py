@@ -24,7 +24,6 @@ from tests._cross_models import (
     logits,
     max_difference,
     paddle_net,
-    probe_input,
     randomize_statistics,
     torch_net,
     torch_resnet18,
@@ -127,6 +126,22 @@ def test_embedding_layer_norm_and_attention_projections_move(tmp_path):
     assert max_difference(got, expected) <= TOLERANCE
     np.testing.assert_array_equal(target.emb.weight.numpy(), source.emb.weight.detach().numpy())  # not transposed
     np.testing.assert_array_equal(target.query.weight.numpy(), source.query.weight.detach().numpy().T)
+
+
+def test_instance_norm_scale_moves_both_ways(tmp_path):
+    source = torch.nn.InstanceNorm2d(3, affine=True)
+    with torch.no_grad():
+        source.weight.copy_(torch.tensor([0.5, 2.0, -1.0]))
+        source.bias.copy_(torch.tensor([0.1, 0.2, 0.3]))
+    trainer_for("torch", source).save_model(str(tmp_path / "in"))
+    target = drivetrain.load_weights(paddle.nn.InstanceNorm2D(3), str(tmp_path / "in"), driver="paddle")
+    np.testing.assert_array_equal(target.scale.numpy(), [0.5, 2.0, -1.0])
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    expected = source(torch.from_numpy(x)).detach().numpy()
+    assert max_difference(target(paddle.to_tensor(x)).numpy(), expected) <= TOLERANCE
+    trainer_for("paddle", target).save_model(str(tmp_path / "back"))
+    back = drivetrain.load_weights(torch.nn.InstanceNorm2d(3, affine=True), str(tmp_path / "back"), driver="torch")
+    np.testing.assert_array_equal(back.weight.detach().numpy(), [0.5, 2.0, -1.0])
 
 
 def test_torch_packed_attention_is_refused_by_name_against_paddles_separate_projections(tmp_path):

@@ -44,11 +44,11 @@ CAPABILITIES = Capabilities(
 )
 
 
-_INSTANCE_NORMS = ("InstanceNorm1D", "InstanceNorm2D", "InstanceNorm3D")
+# How paddle's model files differ from the neutral (torch) layout: drivetrain moves weights between frameworks by it
 WEIGHT_LAYOUT = WeightLayout(lacks=("num_batches_tracked",), rules=(  # Linear weights are [in, out]
     TensorRule("weight", transpose=True, modules=("Linear",)), TensorRule("_mean", neutral="running_mean"),
-    TensorRule("_variance", neutral="running_var"), TensorRule("scale", neutral="weight", modules=_INSTANCE_NORMS)))
-"""How paddle's model files differ from the neutral (torch) layout: drivetrain moves weights between frameworks by it."""
+    TensorRule("_variance", neutral="running_var"),
+    TensorRule("scale", neutral="weight", modules=("InstanceNorm1D", "InstanceNorm2D", "InstanceNorm3D"))))
 
 # contract_versions: what this release implements; never CONTRACT_VERSION (that follows the core)
 drivetrain_driver_specs = driver_specs_hook(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -20,8 +20,8 @@ from .._checkpoint.safetensors_writer import ITEM_SIZES
 from .._errors import ConfigurationError
 from .layout import NEUTRAL_COMPANIONS, TensorRule, WeightLayout
 
-NameMap = Union[Mapping[str, str], Callable[[str], str], None]
-Classes = Callable[[str], "tuple[str, ...] | None"]
+NameMap = Mapping[str, str] | Callable[[str], str] | None
+Classes = Callable[[str], tuple[str, ...] | None]
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def _transposed(tensor: Tensor, name: str) -> Tensor:
                               "rule that transposes it expects a 2-D tensor.")
     width = np.dtype(f"u{ITEM_SIZES[tensor.dtype]}")
     moved = np.ascontiguousarray(np.frombuffer(tensor.data, dtype=width).reshape(tensor.shape).T)
-    return replace(tensor, shape=tuple(moved.shape), data=memoryview(moved.reshape(-1).view(np.uint8)))
+    return replace(tensor, shape=tuple(moved.shape), data=moved.reshape(-1).view(np.uint8).data)
 
 
 def to_neutral(tensors: Mapping[str, Tensor], layout: WeightLayout, classes: Classes,
@@ -142,6 +142,6 @@ def companions(neutral: Mapping[str, Tensor], source: WeightLayout, target: Weig
             path, other = split_name(name)
             if other == beside:
                 zero = np.zeros((), dtype=np.dtype(f"i{ITEM_SIZES[dtype]}"))
-                made[f"{path}.{leaf}" if path else leaf] = Tensor(dtype, (), memoryview(zero.reshape(-1).view(np.uint8)),
+                made[f"{path}.{leaf}" if path else leaf] = Tensor(dtype, (), zero.reshape(-1).view(np.uint8).data,
                                                                   "(none: filled with 0)")
     return made
