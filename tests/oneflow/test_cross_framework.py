@@ -26,5 +26,5 @@ def test_a_paddle_folder_converted_without_paddle_loads_here(tmp_path):
     """The paddle folder records its own layout, so no paddle backend is needed to convert it."""
     out = drivetrain.convert_weights(os.path.join(DATA, "paddle", "model"), "oneflow", str(tmp_path / "of"))
     probe = np.load(os.path.join(DATA, "paddle", "probe.npz"))
-    model = drivetrain.load_weights(oneflow_net(), out, driver="oneflow")
+    model = drivetrain.load_weights(oneflow_net(), out)  # driver="auto": the model says oneflow
     assert max_difference(logits("oneflow", model, probe["x"]), probe["logits"]) <= TOLERANCE

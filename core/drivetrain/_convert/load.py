@@ -73,8 +73,10 @@ def _check_matches(converted: Mapping[str, Tensor], current: Mapping[str, tuple[
     if extra or missing:
         lines = [f"  in the file, not in the model: {_named(name, converted[name].stored_as)}"
                  f"{_guess(name, missing)}" for name in extra[:10]]
+        lines += [f"  ... and {len(extra) - 10} more in the file"] if len(extra) > 10 else []
         lines += [f"  in the model, not in the file: {name!r}" for name in missing[:10]]
-        fix = _name_map_hint(extra, missing) if name_map is None else " Check name_map: it gave the names above."
+        lines += [f"  ... and {len(missing) - 10} more in the model"] if len(missing) > 10 else []
+        fix = _name_map_hint(extra, missing) if name_map is None else "Check name_map: it gave the names above."
         raise CheckpointError("\n".join([head, *lines]) + f"\n{fix}")
     wrong = [(name, converted[name], current[name]) for name in current if converted[name].shape != current[name]]
     if wrong:
