@@ -8,6 +8,9 @@ from ._callbacks import Callback, CallbackError, rank_zero_only
 from ._callbacks_lib import CheckpointCallback, EarlyStopCallback, LRSchedulerCallback, WarmupSchedule
 from ._checkpoint import CheckpointError, StateEncodingError
 from ._checkpoint.export import export_weights
+from ._convert.api import load_weights
+from ._convert.layout import TensorRule, WeightLayout
+from ._convert.load import convert_weights
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import (
     BatchMismatchError,
@@ -61,14 +64,18 @@ __all__ = [
     "ReproducibleBatchSampler",
     "RichProgress",
     "StateEncodingError",
+    "TensorRule",
     "TqdmProgress",
     "Trainer",
     "WarmupSchedule",
+    "WeightLayout",
     "__version__",
     "available_drivers",
+    "convert_weights",
     "export_weights",
     "hookimpl",
     "load_predictions",
+    "load_weights",
     "predict",
     "rank_zero_only",
     "register_plugin",

@@ -7,6 +7,7 @@ of ``drivetrain.testing`` on one installed backend and prints a pass/fail table 
 ``drivetrain plot RUN_DIR ... [-o curves.png]`` draws the curves of one or several run records.
 ``drivetrain export CKPT [-o model.safetensors] [--base BASE]`` writes a checkpoint's model weights as one safetensors
 file (with ``--base``, a LoRA adapter folded into its base model's weights).
+``drivetrain convert FOLDER --to paddle -o OUT`` writes a model folder of another framework as driver paddle's.
 """
 
 from __future__ import annotations
@@ -126,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--base", metavar="BASE", help="for a LoRA adapter folder (save_model of a peft model): the "
                         "base model's safetensors file or from_pretrained folder; writes the base with the adapter "
                         "folded in")
+    convert = sub.add_parser("convert", help="write a model folder (or exported file) of one framework as a model "
+                             "folder of another, by the backends' weight layout rules")
+    convert.add_argument("source", metavar="FOLDER", help="a save_model/checkpoint folder, or a file from drivetrain "
+                         "export")
+    convert.add_argument("--to", required=True, metavar="DRIVER", help="the driver to write for: paddle, torch, "
+                         "jittor, oneflow or any installed driver")
+    convert.add_argument("-o", "--output", required=True, metavar="OUT", help="the model folder to write")
     args = parser.parse_args(argv)
     if args.command == "backends":
         return _check(args.check, sys.stdout) if args.check else _backends(sys.stdout)
@@ -133,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return _plot(args.run_dirs, args.output, sys.stdout)
     if args.command == "export":
         return _export(args.checkpoint, args.output, sys.stdout, args.base)
+    if args.command == "convert":
+        return _convert(args.source, args.to, args.output, sys.stdout)
     return 2
 
 
@@ -147,6 +157,19 @@ def _export(checkpoint: str, output: str, out: TextIO, base: str | None = None) 
         print(f"drivetrain export: {message}", file=sys.stderr)
         return 1
     print(f"wrote {path}", file=out)
+    return 0
+
+
+def _convert(source: str, to: str, output: str, out: TextIO) -> int:
+    from ._convert.load import convert_weights
+    from ._errors import DrivetrainError
+
+    try:
+        path = convert_weights(source, to, output)
+    except (DrivetrainError, OSError, ValueError) as exc:
+        print(f"drivetrain convert: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path} (load it with driver {to!r}: trainer.load_model or drivetrain.load_weights)", file=out)
     return 0
 
 

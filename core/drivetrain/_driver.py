@@ -537,6 +537,17 @@ class Driver(abc.ABC):
         """
         return frozenset()
 
+    def module_classes(self) -> dict[str, tuple[str, ...]]:
+        """``{module path: class names}`` for every module of the model (``""`` for the model itself), each with
+        its class's name first and then its base classes' (``("Linear", "Module")``).
+
+        Moving weights between frameworks reads it: a backend's layout rule may apply to the tensors of some
+        module classes only (paddle's ``Linear`` weights are stored transposed), and save_model records it so
+        that a reader without the model knows the classes too. Default: none known, so such rules refuse
+        to guess.
+        """
+        return {}
+
     def companion_files(self, *, save_frozen: bool, merged: bool = False) -> dict[str, Any]:
         """Files a ``save_model`` folder holds beside drivetrain's own, so that the model's own library reads
         the folder (the torch driver writes a peft model's ``adapter_model.safetensors`` and

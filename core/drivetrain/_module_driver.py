@@ -87,6 +87,9 @@ class ModuleDriver(Driver):
     _precision: Any = None
     grad_scaler: Any = None
 
+    modules_walk = "named_modules"
+    """The model's method listing ``(path, submodule)`` pairs (paddle's is ``named_sublayers``)."""
+
     def __init__(self, model: Any, device: Any, *, precision: str = "fp32", grad_clip: float | None = None,
                  grad_clip_type: str = "norm", model_wo_auto_param_call: bool = False,
                  framework_kwargs: Mapping[str, Any] | None = None) -> None:
@@ -319,6 +322,13 @@ class ModuleDriver(Driver):
 
     def load_model_state(self, state: Mapping[str, Any]) -> None:
         self.state_ops.load_model_state(self.unwrap_model(), state)
+
+    def module_classes(self) -> dict[str, tuple[str, ...]]:
+        """Every module's class names along its MRO, by path, from the model's ``modules_walk`` method."""
+        model = self.unwrap_model()
+        walk = dict(getattr(model, self.modules_walk)())
+        walk.setdefault("", model)
+        return {path: tuple(c.__name__ for c in type(module).__mro__ if c is not object) for path, module in walk.items()}
 
     def frozen_parameter_names(self) -> frozenset[str]:
         """``state_ops.frozen_parameter_names(model)`` where the backend's state module has it, else none."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import pluggy
 
+from ._convert.layout import NEUTRAL, WeightLayout
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._errors import ConfigurationError, DriverNotFoundError, PluginLoadError
 from ._suggest import did_you_mean
@@ -136,6 +137,9 @@ class DriverSpec:
         detect: ``detect(model_class) -> bool``, claiming models instead of ``model_modules``.
         seed_function: ``"module:function"`` seeding the framework's generators, called by
             ``seed_everything`` only when the framework is already imported.
+        weight_layout: how this framework's model files differ from drivetrain's neutral layout (torch's
+            names and shapes): the rules that let another framework's model load this one's weights and back;
+            default: no difference.
         testing_kit: ``"module:function"`` returning the backend's ``drivetrain.testing.BackendKit``, for
             ``drivetrain backends --check`` and ``drivetrain.testing.ContractSuite``.
     """
@@ -150,6 +154,7 @@ class DriverSpec:
     install: str | None = None
     detect: Callable[[type], bool] | None = None
     seed_function: str | None = None
+    weight_layout: WeightLayout = NEUTRAL
     testing_kit: str | None = None
 
     def claims(self, model: Any) -> bool:
@@ -295,6 +300,9 @@ def _checked_specs(answer: Any, plugin: str, origin: str) -> list[DriverSpec]:
         capabilities: object = spec.capabilities  # a plugin's value: its annotation is not a guarantee
         if not isinstance(capabilities, Capabilities):
             problems.append(f"capabilities={spec.capabilities!r} must be a drivetrain.Capabilities")
+        layout: object = spec.weight_layout
+        if not isinstance(layout, WeightLayout):
+            problems.append(f"weight_layout={spec.weight_layout!r} must be a drivetrain.WeightLayout")
         if problems:
             raise ValueError(f"its DriverSpec {spec.name!r} is malformed: " + "; ".join(problems))
     return list(answer)

@@ -9,7 +9,7 @@ a status line while jittor compiles).
 
 from __future__ import annotations
 
-from drivetrain import Capabilities
+from drivetrain import Capabilities, WeightLayout
 from drivetrain.backend import driver_specs_hook
 
 TESTED_JITTOR = "1.3.11.0"
@@ -46,6 +46,7 @@ CAPABILITIES = Capabilities(
 
 # contract_versions: what this release implements; never CONTRACT_VERSION (that follows the core)
 drivetrain_driver_specs = driver_specs_hook(
-    "jittor", CAPABILITIES, contract_versions=(1,), seed_function="drivetrain_jittor._rng:seed_generator"
+    "jittor", CAPABILITIES, contract_versions=(1,), seed_function="drivetrain_jittor._rng:seed_generator",
+    weight_layout=WeightLayout(lacks=("num_batches_tracked",)),  # else the neutral (torch) layout
 )
 """The jittor driver's description (``seed_everything`` calls its seed function once jittor is imported)."""

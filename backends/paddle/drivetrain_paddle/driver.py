@@ -53,6 +53,7 @@ class PaddleSingleDriver(ModuleDriver):
     capabilities = CAPABILITIES
     framework = paddle
     module_type, module_name = paddle.nn.Layer, "paddle.nn.Layer"
+    modules_walk = "named_sublayers"
     optimizer_type, optimizer_name = paddle.optimizer.Optimizer, "paddle.optimizer.Optimizer"
     loss_example = "paddle.nn.functional.cross_entropy(outputs, batch['label'])"
     to_tensor_example = "paddle.to_tensor(array)"

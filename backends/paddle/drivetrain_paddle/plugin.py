@@ -7,7 +7,7 @@ The ``drivetrain`` entry-point group points here; the core calls
 
 from __future__ import annotations
 
-from drivetrain import Capabilities
+from drivetrain import Capabilities, TensorRule, WeightLayout
 from drivetrain.backend import driver_specs_hook, ignore_framework_log_format
 
 TESTED_PADDLE = "3.3.1"
@@ -44,8 +44,14 @@ CAPABILITIES = Capabilities(
 )
 
 
+# How paddle's model files differ from the neutral (torch) layout: drivetrain moves weights between frameworks by it
+WEIGHT_LAYOUT = WeightLayout(lacks=("num_batches_tracked",), rules=(  # Linear weights are [in, out]
+    TensorRule("weight", transpose=True, modules=("Linear",)), TensorRule("_mean", neutral="running_mean"),
+    TensorRule("_variance", neutral="running_var"),
+    TensorRule("scale", neutral="weight", modules=("InstanceNorm1D", "InstanceNorm2D", "InstanceNorm3D"))))
+
 # contract_versions: what this release implements; never CONTRACT_VERSION (that follows the core)
 drivetrain_driver_specs = driver_specs_hook(
-    "paddle", CAPABILITIES, contract_versions=(1,), seed_function="paddle:seed"
+    "paddle", CAPABILITIES, contract_versions=(1,), seed_function="paddle:seed", weight_layout=WEIGHT_LAYOUT
 )
 """The paddle driver's description (``seed_everything`` calls its seed function once paddle is imported)."""

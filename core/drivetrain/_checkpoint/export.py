@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._convert.record import CLASSES_KEY, LAYOUT_KEY
 from .._io import atomic_write
 from . import safetensors_writer
 from .folder import MANIFEST, CheckpointError, list_checkpoints, read_checkpoint, read_manifest, verified_file
@@ -82,7 +83,7 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike, *,
     with open(source, "rb") as f:
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        entries, metadata = _read_entries(source, memoryview(data))
+        entries, metadata = read_entries(source, memoryview(data))
         metadata = {**metadata, **_export_metadata(manifest, folder)}
         def write(tmp: str) -> None:
             safetensors_writer.write_file(tmp, entries, metadata, durable=False)
@@ -100,7 +101,7 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike, *,
 def _export_merged(folder: str, manifest: dict[str, Any], base: str, target: str) -> str:
     keep_open: list[Any] = []
     try:
-        entries = merged_entries(folder, manifest, base, _read_entries, keep_open)
+        entries = merged_entries(folder, manifest, base, read_entries, keep_open)
         metadata = {**_export_metadata(manifest, folder), "drivetrain_merged_base": os.path.basename(base)}
 
         def write(tmp: str) -> None:
@@ -158,7 +159,7 @@ def _merged_shards(folder: str) -> list[safetensors_writer.TensorEntry]:
             if read.path not in maps:
                 with open(read.path, "rb") as f:
                     data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                maps[read.path] = {e[0]: e for e in _read_entries(read.path, memoryview(data))[0]}
+                maps[read.path] = {e[0]: e for e in read_entries(read.path, memoryview(data))[0]}
             _, stored_dtype, stored_shape, view = maps[read.path][read.key]
             if stored_dtype != dtype:
                 raise CheckpointError(f"{read.path}: {read.key!r} is stored as {stored_dtype}, the layout says {dtype}.")
@@ -205,7 +206,7 @@ def _verify(folder: str, manifest: dict[str, Any]) -> None:
     verified_file(folder, MODEL_FILE, record, keep=False)
 
 
-def _read_entries(path: str, data: memoryview) -> tuple[list[safetensors_writer.TensorEntry], dict[str, str]]:
+def read_entries(path: str, data: memoryview) -> tuple[list[safetensors_writer.TensorEntry], dict[str, str]]:
     """The tensors of a safetensors file as views into ``data``, and its metadata; the header is checked."""
     def damaged(why: str) -> CheckpointError:
         return CheckpointError(f"{path} is not a readable safetensors file: {why}.")
@@ -244,6 +245,8 @@ def _export_metadata(manifest: dict[str, Any], folder: str) -> dict[str, str]:
     """What the exported file records: ``format`` ("pt" for torch, which ``from_pretrained`` requires) and origin."""
     driver = str(manifest.get("driver", ""))
     meta = {"drivetrain_driver": driver, "drivetrain_source": os.path.basename(folder)}
+    meta.update({key: json.dumps(manifest[key], separators=(",", ":")) for key in (LAYOUT_KEY, CLASSES_KEY)
+                 if key in manifest})  # how another framework reads it (drivetrain.load_weights)
     if driver == "torch":
         meta["format"] = "pt"
     return meta

@@ -12,6 +12,10 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from .._convert.engine import NameMap, check_name_map
+from .._convert.load import load_converted
+from .._convert.record import format_name
+from .._convert.source import written_by
 from .._driver import Driver
 from .._loop_plan import ResumedFrom
 from .._stateful_data import loader_position
@@ -207,17 +211,27 @@ def _save_merged(trainer: Trainer, path: str) -> str:
     return os.path.join(path, MODEL_FILE)
 
 
-def load_model(trainer: Trainer, folder: str | os.PathLike) -> None:
-    """Load weights from a folder (checksums verified first) or from a bare ``.safetensors`` file."""
-    driver = trainer.driver
+def load_model(trainer: Trainer, folder: str | os.PathLike, name_map: NameMap = None) -> None:
+    """Load weights from a folder (checksums verified first) or from a bare ``.safetensors`` file, written by
+    this framework's driver or (through the layout rules, :mod:`drivetrain._convert`) another's."""
+    load_weights_into(trainer.driver, folder, name_map)
+    trainer.fire("on_load_model")
+
+
+def load_weights_into(driver: Driver, folder: str | os.PathLike, name_map: NameMap = None) -> None:
+    """:func:`load_model` for a driver without a trainer (``drivetrain.load_weights``)."""
     path = os.fspath(folder)
+    check_name_map(name_map)
+    writer = written_by(path) if os.path.exists(path) else None
+    if name_map is not None or (writer and writer != format_name(driver)):
+        load_converted(driver, path, name_map)
+        return
     manifest = read_manifest(path) if driver.shards_state and os.path.isdir(path) else {}
     if driver.shards_state and not is_sharded(manifest):
         # a sharding driver reads a whole-file model by slices too: no rank holds the full weights
         frozen = manifest.get(FROZEN_KEY)
         source = whole_file_source(_verified_model_file(driver, path), (frozen or {}).get("tensors", ()))
         load_shards(driver, source, optimizers=False, frozen=frozen)
-        trainer.fire("on_load_model")
         return
     if os.path.isfile(path):
         tensors = driver.load_tensors(path)
@@ -226,8 +240,6 @@ def load_model(trainer: Trainer, folder: str | os.PathLike) -> None:
         tensors = decode_checkpoint(loaded, driver, allow_pickle=False, model_only=True).model
         if is_sharded(loaded.manifest):
             load_shards(driver, open_shards(driver, loaded), optimizers=False, frozen=loaded.manifest.get(FROZEN_KEY))
-            trainer.fire("on_load_model")
             return
     check_model_fits(driver, tensors, path)
     driver.load_model_state(tensors)
-    trainer.fire("on_load_model")

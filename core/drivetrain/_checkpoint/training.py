@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._convert.record import format_name, layout_record
 from .._driver import Driver
 from .._errors import DrivetrainError
 from .._seed import capture_host_rng, restore_host_rng
@@ -43,11 +44,6 @@ class Position:
     batches_done: int
     global_forward_batches: int
     consumed_samples: int | None
-
-
-def format_name(driver: Driver) -> str:
-    """The driver name a checkpoint records and must match (shared by drivers of one format)."""
-    return driver.checkpoint_format or driver.name
 
 
 def process_state(driver: Driver) -> dict[str, Any]:
@@ -111,6 +107,8 @@ def build_checkpoint(driver: Driver, position: Position, *, callback_states: Map
     }
     if frozen is not None:
         manifest[FROZEN_KEY] = frozen
+    if not sharded:
+        manifest.update(layout_record(driver, driver.model_state()))
     return files, manifest
 
 
@@ -125,6 +123,8 @@ def build_model_checkpoint(driver: Driver, sharded: bool = False,
                 "framework_version": driver.framework_version(), "kind": "model", "pickle": False}
     if frozen is not None:
         manifest[FROZEN_KEY] = frozen
+    if not sharded:
+        manifest.update(layout_record(driver, driver.model_state()))
     return files, manifest
 
 
@@ -210,8 +210,10 @@ def check_format(driver: Driver, manifest: Mapping[str, Any], where: str) -> Non
     """The checkpoint must be in the driver's format (its framework's drivers share one)."""
     if manifest.get("driver") != format_name(driver):
         raise CheckpointError(
-            f"{where} was written by driver {manifest.get('driver')!r} but this trainer uses {driver.name!r}; "
-            "load it with the same framework's driver."
+            f"{where} was written by driver {manifest.get('driver')!r} but this trainer uses {driver.name!r}. A "
+            "training checkpoint resumes only in the framework that wrote it (optimizers keep their state in "
+            "each framework's own form); to take its model weights into this model, call "
+            f"trainer.load_model({where!r}) and train on from there."
         )
 
 

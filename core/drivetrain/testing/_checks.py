@@ -316,6 +316,21 @@ def state_round_trip_without_pickle(kit: BackendKit) -> None:
     expect_same(params(driver), saved, "after load_model_state")
 
 
+@check("state", "module_classes gives class names per module path, covering every tensor's module when the "
+                "DriverSpec's weight_layout has rules scoped to module classes")
+def module_classes_cover_the_layout_rules(kit: BackendKit) -> None:
+    driver = build(kit)
+    classes = driver.module_classes()
+    expect(isinstance(classes, dict) and all(isinstance(path, str) and isinstance(names, tuple)
+                                             and all(isinstance(n, str) for n in names)
+                                             for path, names in classes.items()),
+           f"module_classes() returned {classes!r}; it must map module paths to tuples of class names")
+    if any(rule.modules for rule in available_drivers()[kit.driver].weight_layout.rules):
+        owners = {name.rpartition(".")[0] for name in driver.model_state()}
+        expect(owners <= set(classes), f"module_classes() lacks the module(s) {sorted(owners - set(classes))}, "
+                                       "which the weight layout's class-scoped rules need")
+
+
 @check("state", "load_model_state refuses unknown or missing names with an error saying which")
 def load_model_state_with_wrong_names(kit: BackendKit) -> None:
     driver = build(kit)

@@ -1,0 +1,31 @@
+"""``drivetrain.load_weights``: a model folder of any framework into a bare model, no Trainer needed."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .._checkpoint.trainer_io import load_weights_into
+from .._driver import Driver
+from .._plugins import create_driver
+from .engine import NameMap
+
+
+def load_weights(model: Any, folder: str | os.PathLike, *, driver: str | Driver = "auto",
+                 name_map: NameMap = None) -> Any:
+    """Load the weights of ``folder`` into ``model`` and return the model.
+
+    ``folder`` is a folder written by ``save_model``/``save_checkpoint``/``CheckpointCallback``
+    or a file written by ``drivetrain export``, by the same framework's driver or another's:
+    paddle weights go into a torch model and back, each backend's declared layout rules
+    (transposed Linear weights, BatchNorm statistics' names) applied on the way. Every name and
+    shape is matched before anything is copied. ``driver`` is the model's driver (``"auto"``
+    picks it from the model's class); the model stays on its device. ``name_map`` renames:
+    ``{"encoder": "backbone"}`` (module path or tensor name in the file -> in the model) or a
+    function of the tensor name. Example::
+
+        model = drivetrain.load_weights(PaddleNet(), "runs/torch_model")
+    """
+    built = create_driver(driver, model, None)
+    load_weights_into(built, folder, name_map)
+    return model

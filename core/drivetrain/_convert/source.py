@@ -1,0 +1,116 @@
+"""A model file of any framework, read without one: its tensors as raw entries, its layout and module classes.
+
+A folder written by ``save_model``/``save_checkpoint`` is verified against its manifest first; a
+bare ``.safetensors`` file (``drivetrain export``) carries the same facts in its metadata. The
+tensors stay in a read-only memory map until :meth:`SourceWeights.close`.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._checkpoint.export import read_entries
+from .._checkpoint.folder import CheckpointError, read_manifest, verified_file
+from .._checkpoint.frozen import FROZEN_KEY
+from .._checkpoint.sharded import is_sharded
+from .._plugins import install_hint
+from .engine import Tensor
+from .layout import WeightLayout
+from .record import CLASSES_KEY, LAYOUT_KEY, declared_layout, recorded_classes
+
+MODEL_FILE = "model.safetensors"
+DRIVER_KEY = "drivetrain_driver"
+"""The metadata key of an exported file naming the driver that wrote it."""
+
+
+@dataclass
+class SourceWeights:
+    """The tensors of a model file, the driver format that wrote it, its layout and its module classes."""
+
+    where: str
+    driver: str
+    layout: WeightLayout
+    classes: dict[str, tuple[str, ...]] | None
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    _map: Any = None
+
+    def close(self) -> None:
+        """Release the memory map (views still held elsewhere keep it until they go)."""
+        self.tensors = {}
+        try:
+            if self._map is not None:
+                self._map.close()
+        except BufferError:
+            pass
+
+
+def written_by(path: str) -> str | None:
+    """The driver format that wrote the model folder or file ``path``; None for a file that does not say."""
+    if os.path.isdir(path):
+        return read_manifest(os.path.abspath(path)).get("driver")
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(min(length, 100 << 20)))
+    except (OSError, ValueError, struct.error):
+        return None  # not readable as safetensors: the driver's own reader says why
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return metadata.get(DRIVER_KEY) if isinstance(metadata, dict) else None
+
+
+def open_source(path: str) -> SourceWeights:
+    """Read the model folder or exported file ``path`` (checksums verified first) without any framework."""
+    if os.path.isdir(path):
+        folder = os.path.abspath(path)
+        record = read_manifest(folder)
+        _refuse_partial(folder, record)
+        entry = record["files"].get(MODEL_FILE)
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{folder}: the manifest lists no {MODEL_FILE}; this folder holds no model weights.")
+        verified_file(folder, MODEL_FILE, entry, keep=False)
+        file, driver = os.path.join(folder, MODEL_FILE), str(record.get("driver"))
+    else:
+        file, record, driver = os.path.abspath(path), {}, ""
+    with open(file, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    entries, metadata = read_entries(file, memoryview(data))
+    if not record:
+        driver = metadata.get(DRIVER_KEY, "")
+        record = {LAYOUT_KEY: _json(metadata.get(LAYOUT_KEY)), CLASSES_KEY: metadata.get(CLASSES_KEY)}
+    tensors = {name: Tensor(dtype, tuple(shape), view, name) for name, dtype, shape, view in entries}
+    return SourceWeights(path, driver, _layout(record, driver, path), recorded_classes(record), tensors, data)
+
+
+def _json(text: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _layout(record: dict[str, Any], driver: str, where: str) -> WeightLayout:
+    """The layout the file records, else the one its driver's installed backend declares."""
+    if record.get(LAYOUT_KEY) is not None:
+        return WeightLayout.from_json(record[LAYOUT_KEY], where)
+    declared = declared_layout(driver)
+    if declared is None:
+        raise CheckpointError(
+            f"{where} was written by driver {driver!r} (drivetrain before weight layouts were recorded), whose "
+            f"backend is not installed here, so how its files differ from other frameworks' is unknown. Install it "
+            f"({install_hint(driver)}), or load and save the folder again with a current drivetrain.")
+    return declared
+
+
+def _refuse_partial(folder: str, manifest: dict[str, Any]) -> None:
+    """Folders that do not hold the whole model in one file cannot move to another framework as they are."""
+    if is_sharded(manifest):
+        raise CheckpointError(f"{folder} is a sharded checkpoint; merge it into one file first (drivetrain export "
+                              f"{folder} -o model.safetensors), then load that file.")
+    if manifest.get(FROZEN_KEY):
+        raise CheckpointError(f"{folder} holds the trainable parameters only (its frozen ones were left out); load it "
+                              "in the framework that wrote it and save_model(DIR, save_frozen=True) to move it.")
