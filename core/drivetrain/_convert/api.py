@@ -25,6 +25,19 @@ def load_weights(model: Any, folder: str | os.PathLike, *, driver: str | Driver 
     function of the tensor name. Example::
 
         model = drivetrain.load_weights(PaddleNet(), "runs/torch_model")
+
+    Args:
+        model: the model to fill, of any installed backend's framework.
+        folder: a model or checkpoint folder, or an exported ``.safetensors`` file.
+        driver: the model's driver (``"auto"`` picks it from the model's class) or a Driver.
+        name_map: renames from the file's names to the model's: a dict or a function of the name.
+
+    Returns:
+        ``model``, its weights replaced.
+
+    Raises:
+        CheckpointError: a name or shape does not match (nothing is copied), a damaged folder, or a
+            training checkpoint of another framework.
     """
     built = create_driver(driver, model, None)
     load_weights_into(built, folder, name_map)

@@ -29,12 +29,17 @@ gets 0 (a scalar) when the source framework keeps no such counter."""
 class TensorRule:
     """One way a framework stores a tensor unlike the neutral layout.
 
-    ``name`` is the tensor's last name component as the framework stores it (``"_mean"``, ``"weight"``);
-    ``neutral`` its name in the neutral layout when that differs (``"running_mean"``); ``transpose``: a 2-D
-    tensor stored as the transpose of the neutral one (paddle's Linear weight, [in, out] for [out, in]);
-    ``modules``: the rule applies only to tensors of modules whose class, or one of its base classes, has one of
-    these names (compared case-insensitively, so ``"Linear"`` matches torch's, paddle's, jittor's and oneflow's
-    ``Linear``); empty: in every module.
+    Args:
+        name: the tensor's last name component as the framework stores it (``"_mean"``, ``"weight"``).
+        neutral: its name in the neutral layout when that differs (``"running_mean"``).
+        transpose: a 2-D tensor stored as the transpose of the neutral one (paddle's Linear weight, [in, out]
+            for [out, in]).
+        modules: the rule applies only to tensors of modules whose class, or one of its base classes, has one
+            of these names (compared case-insensitively, so ``"Linear"`` matches torch's, paddle's, jittor's
+            and oneflow's ``Linear``); empty: in every module.
+
+    Raises:
+        ConfigurationError: a name with dots, no class names, or a rule that changes nothing.
     """
 
     name: str
@@ -60,7 +65,14 @@ class TensorRule:
         return self.neutral or self.name
 
     def applies_to(self, classes: Iterable[str]) -> bool:
-        """Whether a module of these class names (its class and base classes) falls under the rule."""
+        """Whether a module of these class names falls under the rule.
+
+        Args:
+            classes: the module's class name and its base classes' names.
+
+        Returns:
+            True when the rule names no module class or one of ``classes``.
+        """
         if not self.modules:
             return True
         wanted = {m.lower() for m in self.modules}
@@ -69,9 +81,16 @@ class TensorRule:
 
 @dataclass(frozen=True)
 class WeightLayout:
-    """A framework's model files against the neutral layout: its :class:`TensorRule` list, and the neutral
-    tensors its models never hold (``lacks``, last name components such as ``"num_batches_tracked"``, dropped
-    when weights come in, filled when they go out). ``WeightLayout()``: the neutral layout itself."""
+    """A framework's model files against the neutral layout; ``WeightLayout()`` is the neutral layout itself.
+
+    Args:
+        rules: the framework's :class:`TensorRule` list.
+        lacks: neutral tensors its models never hold (last name components such as ``"num_batches_tracked"``),
+            dropped when weights come in, filled when they go out.
+
+    Raises:
+        ConfigurationError: ``rules`` or ``lacks`` is not a tuple of the right items.
+    """
 
     rules: tuple[TensorRule, ...] = ()
     lacks: tuple[str, ...] = ()
@@ -84,21 +103,50 @@ class WeightLayout:
                                      "(last components), e.g. ('num_batches_tracked',).")
 
     def stored_rule(self, name: str) -> list[TensorRule]:
-        """The rules for a tensor stored under the last component ``name``."""
+        """The rules for a tensor stored under a last name component.
+
+        Args:
+            name: the last component as this framework stores it.
+
+        Returns:
+            The rules whose ``name`` it is (usually none or one).
+        """
         return [rule for rule in self.rules if rule.name == name]
 
     def neutral_rule(self, neutral: str) -> list[TensorRule]:
-        """The rules for the neutral tensor whose last component is ``neutral``."""
+        """The rules for a neutral tensor.
+
+        Args:
+            neutral: the tensor's last name component in the neutral layout.
+
+        Returns:
+            The rules that store it differently (usually none or one).
+        """
         return [rule for rule in self.rules if rule.neutral_name == neutral]
 
     def to_json(self) -> dict[str, Any]:
-        """The layout as plain data, recorded in every manifest so any reader can undo it."""
+        """The layout as plain data, recorded in every manifest so any reader can undo it.
+
+        Returns:
+            ``{"rules": [...], "lacks": [...]}``.
+        """
         return {"rules": [{"name": r.name, "neutral": r.neutral, "transpose": r.transpose, "modules": list(r.modules)}
                           for r in self.rules], "lacks": list(self.lacks)}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> WeightLayout:
-        """Inverse of :meth:`to_json`; a damaged record is a :class:`ConfigurationError` naming ``where``."""
+        """Inverse of :meth:`to_json`.
+
+        Args:
+            data: what :meth:`to_json` returned, read back from a manifest or file.
+            where: the file it came from, for the error message.
+
+        Returns:
+            The layout.
+
+        Raises:
+            ConfigurationError: a damaged record, naming ``where``.
+        """
         try:
             rules = tuple(TensorRule(r["name"], r.get("neutral"), bool(r.get("transpose")), tuple(r.get("modules", ())))
                           for r in data["rules"])

@@ -115,6 +115,20 @@ def convert_weights(source: str | os.PathLike, to: str, out: str | os.PathLike, 
     No model is needed when the rules need none, or when the source records its module classes
     (every drivetrain folder does): ``drivetrain convert FOLDER --to paddle -o OUT`` on the command
     line. The folder is written atomically; ``trainer.load_model(out)`` in framework ``to`` reads it.
+
+    Args:
+        source: a model folder, or a file written by ``drivetrain export``.
+        to: the target driver's name (``"paddle"``).
+        out: the folder to write.
+        name_map: renames from the source's names to the target's: a dict or a function of the name.
+
+    Returns:
+        The folder written.
+
+    Raises:
+        CheckpointError: the source cannot be read or its tensors cannot be moved (unmatched names, rules
+            that need module classes it does not record).
+        DriverNotFoundError: ``to`` names no installed driver.
     """
     check_name_map(name_map)
     spec = get_registry().specs.get(to) if isinstance(to, str) else None
