@@ -13,6 +13,7 @@ another base is refused. LoRA on 2-D weights only; other adapters (DoRA, embeddi
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import mmap
@@ -125,6 +126,7 @@ def _split_adapter(adapter: dict[str, Any], base: dict[str, Any], folder: str, w
 
 def _check_base(frozen: dict[str, Any], base: dict[str, Any], folder: str, where: str) -> None:
     """The base's tensors against the adapter folder's fingerprint of the frozen parameters it left out."""
+    @functools.cache  # a tied weight's search reads the candidates again: each tensor is summed once
     def checksum_of(name: str) -> tuple[str, list[int], int]:
         dtype, shape, view = base[name]
         return dtype, list(shape), box_checksum(view, (0,) * len(shape), tuple(shape), list(shape))
