@@ -26,6 +26,9 @@ clipping by norm, AdamW) from the same seed.
   ``--other``;
 - ``bf16``, ``bf16-interrupt``, ``bf16-resume``: ZeRO-3 with bf16 weights (DeepSpeed's bf16 optimizer,
   fp32 master weights): whole, stopped into ``OUT/bf16-interrupted``, resumed;
+- ``full``, ``full-interrupt``, ``full-resume``: ZeRO-3 with ``state_dict="full"`` (the state gathered, rank 0
+  writes one file): whole, stopped into ``OUT/full-interrupted``, resumed; ``ddp-resume-full``: ``driver="torch"``
+  resuming it;
 - ``existing-group``: ZeRO-3 in a process group the script started itself (``init_process_group("gloo")``
   before the Trainer), which the driver uses and leaves to it (launched on its own: the group stays);
 - ``gpt2``: a tiny Hugging Face GPT-2 (tied input/output embeddings) trained under ZeRO-3 with no parameter kept
@@ -153,10 +156,13 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
     options: dict = {"deepspeed_kwargs": {"zero_stage": stage}}
     if "lean" in phase:  # no parameter kept whole on every rank: each lives only in its partitions
         options["deepspeed_kwargs"]["config"] = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
+    if phase.startswith("full"):  # gathered into one file by rank 0, not written as every rank's partitions
+        options["deepspeed_kwargs"]["state_dict"] = "full"
     driver = "torch" if phase.startswith("ddp") else "torch_fsdp" if phase.startswith("fsdp") else "deepspeed"
     if driver != "deepspeed":
         options = {}
-    if phase in ("interrupt", "ddp-interrupt", "lean-interrupt", "fsdp-interrupt", "zero2-interrupt", "bf16-interrupt"):
+    if phase in ("interrupt", "ddp-interrupt", "lean-interrupt", "fsdp-interrupt", "zero2-interrupt", "bf16-interrupt",
+                 "full-interrupt"):
         callbacks.append(StopAt(INTERRUPT_AT, os.path.join(args.out, phase.replace("interrupt", "interrupted"))))
     out = args.out
     resume = {"resume-same": f"{out}/interrupted", "zero2-resume": f"{out}/interrupted", "resume-other": args.other,
@@ -165,7 +171,8 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
               "lean-resume-fsdp": f"{out}/fsdp-interrupted", "ddp-resume-fsdp": f"{out}/fsdp-interrupted",
               "zero2-resume-own": f"{out}/zero2-interrupted", "lean-resume-zero2": f"{out}/zero2-interrupted",
               "ddp-resume-zero2": f"{out}/zero2-interrupted", "zero2-resume-other": args.other,
-              "bf16-resume": f"{out}/bf16-interrupted"}
+              "bf16-resume": f"{out}/bf16-interrupted", "full-resume": f"{out}/full-interrupted",
+              "ddp-resume-full": f"{out}/full-interrupted"}
     if phase in resume:
         run_options["resume_from"] = resume[phase]
     optimizer = True

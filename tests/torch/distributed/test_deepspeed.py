@@ -36,7 +36,7 @@ SCRIPT = str(Path(__file__).with_name("_deepspeed_script.py"))
 TWO_RANK_PHASES = ("ddp,zero2,zero3,interrupt,resume-same,zero2-resume,ddp-interrupt,resume-other,ddp-resume-other,"
                    "config-optimizer,bf16,lean,lean-interrupt,lean-resume,fsdp-resume-lean,ddp-resume-lean,"
                    "fsdp-interrupt,lean-resume-fsdp,ddp-resume-fsdp,zero2-interrupt,zero2-resume-own,lean-resume-zero2,"
-                   "ddp-resume-zero2,bf16-interrupt,bf16-resume")
+                   "ddp-resume-zero2,bf16-interrupt,bf16-resume,full,full-interrupt,full-resume,ddp-resume-full")
 FP32 = 1e-6  # the same arithmetic, summed in another order
 
 
@@ -206,6 +206,21 @@ def test_export_and_save_model_write_the_full_weights(run, tmp_path) -> None:
     assert script.state_lists(load_file(str(target))) == _read(run, "interrupt")[0]["params"]
     model = export_weights(run / "model", tmp_path / "model.safetensors")  # save_model under ZeRO-3 writes shards
     assert script.state_lists(load_file(model)) == _read(run, "zero3")[0]["params"]
+
+
+def test_a_full_state_dict_checkpoint_is_one_file_and_resumes_bit_exact(run) -> None:
+    """``state_dict="full"``: every rank gathers, rank 0 writes the torch drivers' one-file format (weights and AdamW
+    state); resumed under ZeRO-3 it continues bit for bit, and driver='torch' resumes it too."""
+    folder = run / "full-interrupted"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "sharded" not in manifest and manifest["driver"] == "torch"
+    assert not any(name.startswith("shards") for name in os.listdir(folder))
+    assert _read(run, "full-interrupt")[0]["params"] == _read(run, "interrupt")[0]["params"]
+    whole, resumed = _read(run, "full"), _read(run, "full-resume")
+    for rank in (0, 1):
+        assert max_diff(resumed[rank]["params"], whole[rank]["params"]) == 0.0
+    assert max_diff(whole[0]["params"], _read(run, "zero3")[0]["params"]) == 0.0
+    assert max_diff(_read(run, "ddp-resume-full")[0]["params"], whole[0]["params"]) < FP32
 
 
 # ---------------------------------------------------------------- sharded (ZeRO-3)
