@@ -388,10 +388,27 @@ def test_in_distributed_runs_rank_0_decides_and_checks_are_few(tmp_path):
     trainer.run()
     assert [int(name[5:13]) for name in listing(tmp_path)] == [64, 128]  # on time, at a steady pace
     timed = [obj for obj in driver.broadcasts if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], bool)]
-    # each interval: 63 s left at 1 s a batch, so check after 31 batches, then 16, 8, 4, 2, 1, 1 and save
-    assert timed[:8] == [(False, 31), (False, 16), (False, 8), (False, 4), (False, 2), (False, 1), (False, 1),
-                         (True, 1)]
-    assert len(timed) <= 3 * 8  # not one collective per batch
+    # each interval: the gap between checks at most doubles (2, 4, 8, 16) while about half the time left at 1 s a
+    # batch is more, then follows it (16, 8, 4, 2, 1, 1, 1) and saves
+    assert timed[:12] == [(False, 2), (False, 4), (False, 8), (False, 16), (False, 16), (False, 8), (False, 4),
+                          (False, 2), (False, 1), (False, 1), (False, 1), (True, 1)]
+    assert len(timed) <= 30  # not one collective per batch (130 batches)
+
+
+def test_a_quick_first_batch_does_not_postpone_the_timed_save(tmp_path):
+    """A first batch 100x quicker than the rest says little about the pace: the save still comes on time (the gap
+    between checks grows at most twofold), where trusting it would have put the next check past the run's end."""
+    clock = FakeClock(tick=1.0)
+    cb = CheckpointCallback(tmp_path, every_n_seconds=20, save_last=False)
+    cb.clock = clock
+    trainer = make_trainer([cb], n_batches=40, n_epochs=1)
+    trainer.driver = FakeRanks(trainer.model)
+    trainer.add_callback_fn(Event.on_train_batch_begin(),
+                            lambda t, b, i: setattr(clock, "now", clock.now + (0.01 if t.global_forward_batches == 0
+                                                                                 else 1.0)))
+    trainer.run()
+    steps = [int(name[5:13]) for name in listing(tmp_path)]
+    assert steps and steps[0] <= 23, steps  # due at 20 s (batch 21): a check at most a few batches later
 
 
 def test_other_ranks_check_when_rank_0_says_and_follow_its_decision():

@@ -58,14 +58,21 @@ class _Due:
 
 @dataclass
 class _Timer:
-    """``every_n_seconds``: the clock reading the interval counts from, and (distributed) when to check next."""
+    """``every_n_seconds``: the clock reading the interval counts from, and (distributed) when to check next.
+
+    Distributed, rank 0 decides at shared checks and schedules the next one after about half the time
+    left at the pace measured since its previous check. One pace can mislead (a first batch that is
+    quicker than the rest would put the next check far past the interval), so the gap between two
+    checks at most doubles each time: a wrong estimate costs one more check, never a missed save.
+    """
 
     since: float = 0.0  # when training began or the last periodic save was written
     next_check: int = 0  # distributed: the step of the next shared check (the same on every rank)
     checked_at: tuple[float, int] = (0.0, 0)  # rank 0: (clock, step) of its previous check, for the pace
+    gap: int = 1  # rank 0: batches between its previous check and the one before
 
     def start(self, now: float, step: int) -> None:
-        self.since, self.next_check, self.checked_at = now, step + 1, (now, step)
+        self.since, self.next_check, self.checked_at, self.gap = now, step + 1, (now, step), 1
 
     def decide(self, now: float, step: int, interval: float) -> tuple[bool, int]:
         """Rank 0: (save now?, batches until the next check), the latter after about half the time left."""
@@ -73,9 +80,12 @@ class _Timer:
         self.checked_at = (now, step)
         left = interval - (now - self.since)
         if left <= 0:
+            self.gap = 1
             return True, 1  # the save resets ``since``; the next check measures the pace again
         pace = (now - last_time) / max(step - last_step, 1)  # seconds per batch since the previous check
-        return False, max(1, int(left / 2 / pace)) if pace > 0 else 1
+        estimate = max(1, int(left / 2 / pace)) if pace > 0 else 1
+        self.gap = min(estimate, 2 * self.gap)
+        return False, self.gap
 
 
 class CheckpointCallback(Callback):
