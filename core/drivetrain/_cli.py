@@ -129,11 +129,13 @@ def main(argv: list[str] | None = None) -> int:
                         "folded in")
     convert = sub.add_parser("convert", help="write a model folder (or exported file) of one framework as a model "
                              "folder of another, by the backends' weight layout rules")
-    convert.add_argument("source", metavar="FOLDER", help="a save_model/checkpoint folder, or a file from drivetrain "
-                         "export")
+    convert.add_argument("source", metavar="FOLDER", help="a save_model/checkpoint folder, a file from drivetrain "
+                         "export, or a plain .safetensors file (with --from)")
     convert.add_argument("--to", required=True, metavar="DRIVER", help="the driver to write for: paddle, torch, "
                          "jittor, oneflow or any installed driver")
     convert.add_argument("-o", "--output", required=True, metavar="OUT", help="the model folder to write")
+    convert.add_argument("--from", dest="source_driver", metavar="DRIVER", help="the driver whose layout FOLDER is "
+                         "in, for a .safetensors file that does not say (torch for a Hugging Face file)")
     args = parser.parse_args(argv)
     if args.command == "backends":
         return _check(args.check, sys.stdout) if args.check else _backends(sys.stdout)
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         return _export(args.checkpoint, args.output, sys.stdout, args.base)
     if args.command == "convert":
-        return _convert(args.source, args.to, args.output, sys.stdout)
+        return _convert(args.source, args.to, args.output, sys.stdout, args.source_driver)
     return 2
 
 
@@ -160,14 +162,15 @@ def _export(checkpoint: str, output: str, out: TextIO, base: str | None = None) 
     return 0
 
 
-def _convert(source: str, to: str, output: str, out: TextIO) -> int:
+def _convert(source: str, to: str, output: str, out: TextIO, source_driver: str | None = None) -> int:
     from ._convert.load import convert_weights
     from ._errors import DrivetrainError
 
     try:
-        path = convert_weights(source, to, output)
+        path = convert_weights(source, to, output, source_driver=source_driver)
     except (DrivetrainError, OSError, ValueError) as exc:
-        print(f"drivetrain convert: {exc}", file=sys.stderr)
+        message = str(exc).replace("source_driver=", "--from ")
+        print(f"drivetrain convert: {message}", file=sys.stderr)
         return 1
     print(f"wrote {path} (load it with driver {to!r}: trainer.load_model or drivetrain.load_weights)", file=out)
     return 0

@@ -923,24 +923,27 @@ class Trainer:
         """
         return trainer_io.save_model(self, folder, save_frozen, merge_adapters)
 
-    def load_model(self, folder: str | os.PathLike, *, name_map: Any = None) -> None:
+    def load_model(self, folder: str | os.PathLike, *, name_map: Any = None, source_driver: str | None = None) -> None:
         """Load the weights of a folder written by :meth:`save_model` or :meth:`save_checkpoint`.
 
         The folder's checksums are verified first. A bare ``.safetensors`` file (from
         another tool, or ``drivetrain export``) is accepted too; it has no manifest to verify against.
         A folder or exported file written by another framework's driver is moved into this model's
         layout by both backends' declared rules (paddle's transposed Linear weights, BatchNorm
-        statistics' names) once every name and shape matches.
+        statistics' names) once every name and shape matches. A file that does not say which
+        framework wrote it is read in this driver's layout unless ``source_driver`` names another.
 
         Args:
             folder: a model or checkpoint folder, or a ``.safetensors`` file.
             name_map: renames for a file whose module names differ from this model's: a dict of module path
                 or tensor name in the file to the one in this model, or a function of the name.
+            source_driver: the driver whose layout a file without drivetrain's metadata is in (``"torch"``
+                for a Hugging Face ``model.safetensors``).
 
         Raises:
             CheckpointError: a checksum, a name or a shape does not match; nothing is loaded then.
         """
-        trainer_io.load_model(self, folder, name_map)
+        trainer_io.load_model(self, folder, name_map, source_driver)
 
     @property
     def best_checkpoint(self) -> str | None:

@@ -24,6 +24,7 @@ from tests._cross_models import (
     logits,
     max_difference,
     paddle_net,
+    probe_input,
     randomize_statistics,
     torch_net,
     torch_resnet18,
@@ -65,6 +66,64 @@ def test_an_exported_file_and_the_converted_folder_load_too(tmp_path):
     restored = drivetrain.load_weights(torch_net(), back, driver="torch")
     assert max_difference(logits("torch", restored, probe["x"]), probe["logits"]) <= TOLERANCE
     assert "bn.num_batches_tracked" in restored.state_dict()
+
+
+def _plain_torch_file(path: str) -> tuple:
+    """A torch model's weights as Hugging Face writes them: ``safetensors.torch.save_file``, no drivetrain metadata."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = torch_net()
+    randomize_statistics("torch", model, seed=2)
+    save_file(model.state_dict(), path)
+    x = probe_input()
+    return x, logits("torch", model, x)
+
+
+def test_a_plain_torch_safetensors_file_loads_when_its_driver_is_named(tmp_path):
+    """A file that does not say which framework wrote it: read in paddle's own layout it does not fit, and the
+    error names the fix; with ``source_driver='torch'`` it loads (load_weights, load_model, convert --from)."""
+    path = str(tmp_path / "model.safetensors")
+    x, expected = _plain_torch_file(path)
+    with pytest.raises(CheckpointError, match=r"does not match this model.*source_driver='torch'"):
+        drivetrain.load_weights(paddle_net(), path)
+    model = drivetrain.load_weights(paddle_net(), path, source_driver="torch")
+    assert max_difference(logits("paddle", model, x), expected) <= TOLERANCE
+    through_trainer = paddle_net()
+    trainer_for("paddle", through_trainer).load_model(path, source_driver="torch")
+    assert max_difference(logits("paddle", through_trainer, x), expected) <= TOLERANCE
+    out = str(tmp_path / "as-paddle")
+    trainer_for("paddle", model).save_model(out)  # a paddle folder now, readable without naming anything
+    assert max_difference(logits("paddle", drivetrain.load_weights(paddle_net(), out), x), expected) <= TOLERANCE
+
+
+def test_converting_a_plain_file_without_a_model_needs_the_rules_to_need_no_module_classes(tmp_path, capsys):
+    """``drivetrain convert --from torch`` reads the file in torch's layout, but paddle transposes the weights of
+    Linear modules only, and a plain file records no module classes: refused, naming the route that works."""
+    path = str(tmp_path / "model.safetensors")
+    _plain_torch_file(path)
+    assert main(["convert", path, "--to", "paddle", "-o", str(tmp_path / "out"), "--from", "torch"]) == 1
+    assert "which module classes this model has is not known here" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_source_driver_refusals(tmp_path, capsys):
+    path = str(tmp_path / "model.safetensors")
+    _plain_torch_file(path)
+    assert main(["convert", path, "--to", "paddle", "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "does not say which framework's layout it is in" in err and "--from 'torch'" in err  # the CLI's option
+    with pytest.raises(CheckpointError, match=r"source_driver='nosuch' names no installed driver"):
+        drivetrain.load_weights(paddle_net(), path, source_driver="nosuch")
+    with pytest.raises(drivetrain.ConfigurationError, match=r"source_driver=7 is not accepted"):
+        drivetrain.load_weights(paddle_net(), path, source_driver=7)
+    folder = os.path.join(DATA, "torch", "model")  # records that driver torch wrote it
+    with pytest.raises(drivetrain.ConfigurationError, match=r"source_driver='jittor', but .* records that driver "
+                                                            r"'torch' wrote it; drop source_driver"):
+        drivetrain.load_weights(paddle_net(), folder, source_driver="jittor")
+    model = drivetrain.load_weights(paddle_net(), folder, source_driver="torch")  # agreeing is fine
+    probe = np.load(os.path.join(DATA, "torch", "probe.npz"))
+    assert max_difference(logits("paddle", model, probe["x"]), probe["logits"]) <= TOLERANCE
 
 
 def test_a_training_checkpoint_of_torch_does_not_resume_in_paddle(tmp_path):

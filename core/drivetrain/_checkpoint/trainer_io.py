@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from .._convert.engine import NameMap, check_name_map
 from .._convert.load import load_converted
 from .._convert.record import format_name
-from .._convert.source import written_by
+from .._convert.source import check_source_driver, written_by
 from .._driver import Driver
 from .._loop_plan import ResumedFrom
 from .._stateful_data import loader_position
@@ -211,20 +211,24 @@ def _save_merged(trainer: Trainer, path: str) -> str:
     return os.path.join(path, MODEL_FILE)
 
 
-def load_model(trainer: Trainer, folder: str | os.PathLike, name_map: NameMap = None) -> None:
+def load_model(trainer: Trainer, folder: str | os.PathLike, name_map: NameMap = None,
+               source_driver: str | None = None) -> None:
     """Load weights from a folder (checksums verified first) or from a bare ``.safetensors`` file, written by
     this framework's driver or (through the layout rules, :mod:`drivetrain._convert`) another's."""
-    load_weights_into(trainer.driver, folder, name_map)
+    load_weights_into(trainer.driver, folder, name_map, source_driver)
     trainer.fire("on_load_model")
 
 
-def load_weights_into(driver: Driver, folder: str | os.PathLike, name_map: NameMap = None) -> None:
+def load_weights_into(driver: Driver, folder: str | os.PathLike, name_map: NameMap = None,
+                      source_driver: str | None = None) -> None:
     """:func:`load_model` for a driver without a trainer (``drivetrain.load_weights``)."""
     path = os.fspath(folder)
     check_name_map(name_map)
     writer = written_by(path) if os.path.exists(path) else None
+    check_source_driver(path, source_driver, writer)
+    writer = writer or source_driver
     if name_map is not None or (writer and writer != format_name(driver)):
-        load_converted(driver, path, name_map)
+        load_converted(driver, path, name_map, source_driver)
         return
     manifest = read_manifest(path) if driver.shards_state and os.path.isdir(path) else {}
     if driver.shards_state and not is_sharded(manifest):
@@ -241,5 +245,11 @@ def load_weights_into(driver: Driver, folder: str | os.PathLike, name_map: NameM
         if is_sharded(loaded.manifest):
             load_shards(driver, open_shards(driver, loaded), optimizers=False, frozen=loaded.manifest.get(FROZEN_KEY))
             return
-    check_model_fits(driver, tensors, path)
+    try:
+        check_model_fits(driver, tensors, path)
+    except CheckpointError as exc:
+        if writer or not os.path.isfile(path):
+            raise
+        raise CheckpointError(f"{exc} If the file was written by another framework (it does not say which), name "
+                              "it: source_driver='torch' for a Hugging Face or other torch file.") from None
     driver.load_model_state(tensors)

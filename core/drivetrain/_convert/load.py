@@ -24,13 +24,14 @@ from .record import CLASSES_KEY, LAYOUT_KEY, declared_layout, format_name
 from .source import MODEL_FILE, SourceWeights, open_source
 
 
-def load_converted(driver: Driver, path: str, name_map: NameMap = None) -> None:
-    """Load the model file ``path``, written by another framework's driver, into ``driver``'s model."""
+def load_converted(driver: Driver, path: str, name_map: NameMap = None, source_driver: str | None = None) -> None:
+    """Load the model file ``path``, written by another framework's driver (``source_driver`` for a file that does
+    not say), into ``driver``'s model."""
     check_name_map(name_map)
     if driver.shards_state:
         raise CheckpointError(f"{path} was written by another framework; driver {driver.name!r} shards its model, "
                               "so load it into the framework's single-process driver first and save it there.")
-    source = open_source(path)
+    source = open_source(path, source_driver)
     try:
         current = {name: tuple(tensor.shape) for name, tensor in driver.model_state().items()}
         converted = _converted_for(driver, source, current, name_map)
@@ -109,7 +110,8 @@ def _name_map_hint(extra: list[str], missing: list[str]) -> str:
             "or tensor name in the file -> in the model, or a function of the tensor name) for renamed modules.")
 
 
-def convert_weights(source: str | os.PathLike, to: str, out: str | os.PathLike, *, name_map: NameMap = None) -> str:
+def convert_weights(source: str | os.PathLike, to: str, out: str | os.PathLike, *, name_map: NameMap = None,
+                    source_driver: str | None = None) -> str:
     """Write the model folder or exported file ``source`` as a model folder of driver ``to`` at ``out``; return it.
 
     No model is needed when the rules need none, or when the source records its module classes
@@ -117,10 +119,13 @@ def convert_weights(source: str | os.PathLike, to: str, out: str | os.PathLike, 
     line. The folder is written atomically; ``trainer.load_model(out)`` in framework ``to`` reads it.
 
     Args:
-        source: a model folder, or a file written by ``drivetrain export``.
+        source: a model folder, a file written by ``drivetrain export``, or a plain ``.safetensors`` file
+            (with ``source_driver``).
         to: the target driver's name (``"paddle"``).
         out: the folder to write.
         name_map: renames from the source's names to the target's: a dict or a function of the name.
+        source_driver: the driver whose layout a file without drivetrain's metadata is in (``"torch"`` for a
+            Hugging Face ``model.safetensors``).
 
     Returns:
         The folder written.
@@ -135,7 +140,7 @@ def convert_weights(source: str | os.PathLike, to: str, out: str | os.PathLike, 
     if spec is None:
         raise driver_not_found(str(to)) if isinstance(to, str) else ConfigurationError(
             f"to={to!r} must be a driver name such as 'paddle'.")
-    opened = open_source(os.fspath(source))
+    opened = open_source(os.fspath(source), source_driver)
     try:
         tensors, classes = _converted_for_folder(opened, to, spec.weight_layout, name_map)
         entries = [(name, t.dtype, t.shape, t.data) for name, t in tensors.items()]

@@ -18,6 +18,7 @@ from .._checkpoint.export import read_entries
 from .._checkpoint.folder import CheckpointError, read_manifest, verified_file
 from .._checkpoint.frozen import FROZEN_KEY
 from .._checkpoint.sharded import is_sharded
+from .._errors import ConfigurationError
 from .._plugins import install_hint
 from .engine import Tensor
 from .layout import WeightLayout
@@ -63,8 +64,12 @@ def written_by(path: str) -> str | None:
     return metadata.get(DRIVER_KEY) if isinstance(metadata, dict) else None
 
 
-def open_source(path: str) -> SourceWeights:
-    """Read the model folder or exported file ``path`` (checksums verified first) without any framework."""
+def open_source(path: str, source_driver: str | None = None) -> SourceWeights:
+    """Read the model folder or exported file ``path`` (checksums verified first) without any framework.
+
+    ``source_driver`` names the driver whose layout a file without drivetrain's metadata is in (a Hugging Face
+    ``model.safetensors`` is torch's); a folder or file that records its driver must record that one.
+    """
     if os.path.isdir(path):
         folder = os.path.abspath(path)
         record = read_manifest(folder)
@@ -79,11 +84,30 @@ def open_source(path: str) -> SourceWeights:
     with open(file, "rb") as f:
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     entries, metadata = read_entries(file, memoryview(data))
+    named = False
     if not record:
         driver = metadata.get(DRIVER_KEY, "")
+        named, driver = not driver and bool(source_driver), driver or source_driver or ""
         record = {LAYOUT_KEY: _json(metadata.get(LAYOUT_KEY)), CLASSES_KEY: metadata.get(CLASSES_KEY)}
+    try:
+        check_source_driver(path, source_driver, driver)
+    except ConfigurationError:
+        data.close()
+        raise
     tensors = {name: Tensor(dtype, tuple(shape), view, name) for name, dtype, shape, view in entries}
-    return SourceWeights(path, driver, _layout(record, driver, path), recorded_classes(record), tensors, data)
+    return SourceWeights(path, driver, _layout(record, driver, path, named), recorded_classes(record), tensors, data)
+
+
+def check_source_driver(where: str, source_driver: str | None, recorded: str | None) -> None:
+    """``source_driver`` is a driver name and agrees with the driver ``where`` records, if it records one."""
+    if source_driver is None:
+        return
+    if not isinstance(source_driver, str) or not source_driver:
+        raise ConfigurationError(f"source_driver={source_driver!r} is not accepted; pass the name of the driver whose "
+                                 "layout the file is in, such as 'torch' (a Hugging Face model.safetensors).")
+    if recorded and recorded != source_driver:
+        raise ConfigurationError(f"source_driver={source_driver!r}, but {where} records that driver {recorded!r} wrote "
+                                 "it; drop source_driver (it is for files that do not say).")
 
 
 def _json(text: Any) -> Any:
@@ -93,11 +117,19 @@ def _json(text: Any) -> Any:
         return None
 
 
-def _layout(record: dict[str, Any], driver: str, where: str) -> WeightLayout:
-    """The layout the file records, else the one its driver's installed backend declares."""
+def _layout(record: dict[str, Any], driver: str, where: str, named: bool) -> WeightLayout:
+    """The layout the file records, else the one its driver's installed backend declares (``named``: the user
+    named that driver with ``source_driver``)."""
     if record.get(LAYOUT_KEY) is not None:
         return WeightLayout.from_json(record[LAYOUT_KEY], where)
     declared = declared_layout(driver)
+    if declared is None and not driver:
+        raise CheckpointError(
+            f"{where} does not say which framework's layout it is in (no drivetrain metadata); name it: "
+            "source_driver='torch' for a Hugging Face or other torch file (drivetrain convert --from torch).")
+    if declared is None and named:
+        raise CheckpointError(f"{where}: source_driver={driver!r} names no installed driver, so its layout is "
+                              f"unknown here; install its backend ({install_hint(driver)}) or name another driver.")
     if declared is None:
         raise CheckpointError(
             f"{where} was written by driver {driver!r} (drivetrain before weight layouts were recorded), whose "
