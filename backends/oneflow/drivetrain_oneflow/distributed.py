@@ -125,7 +125,7 @@ class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
     # ------------------------------------------------------------------ lifecycle
     def _join(self) -> None:
         """Move the model to this rank's device and register DDP's hooks (it copies rank 0's weights)."""
-        if not self.plan.spawned:
+        if self.plan.launch != "spawned":
             # oneflow.distributed.launch stops the others when one fails by signalling its own process group,
             # which misses them when it is not a group leader (started from a script or a CI job): a stuck
             # worker would outlive everything. So this worker gets SIGKILL when its launcher exits (Linux).
