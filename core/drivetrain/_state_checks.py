@@ -206,20 +206,24 @@ def scaler_state_to_load(state: Any, *, scaler: bool, expected: bool, missing: s
     return state
 
 
-def check_rng_state_keys(state: Any, saved: tuple[str, ...], framework: str) -> None:
-    """Refuse an RNG state that is not a mapping with a ``'cpu'`` entry, or that holds entries other
+def check_rng_state_keys(state: Any, saved: tuple[str, ...], framework: str,
+                         required: tuple[str, ...] = ("cpu",)) -> None:
+    """Refuse an RNG state that is not a mapping with the ``required`` entries, or that holds entries other
     than ``saved`` (the keys the ``framework`` driver's ``rng_state()`` writes)."""
-    if not isinstance(state, Mapping) or "cpu" not in state:
+    if not isinstance(state, Mapping) or not set(required) <= set(state):
+        entries = f"a {required[0]!r} entry" if len(required) == 1 else _and(required)
         raise DriverError(
-            f"load_rng_state(state={state!r:.80}) needs the dict returned by rng_state(), with a 'cpu' entry."
+            f"load_rng_state(state={state!r:.80}) needs the dict returned by rng_state(), with {entries}."
         )
     unknown = sorted(set(state) - set(saved))
     if unknown:
-        names = ", ".join(repr(key) for key in saved[:-1])
-        raise DriverError(
-            f"load_rng_state: unknown entr(ies) {unknown}; the {framework} driver saves "
-            f"{f'{names} and ' if names else ''}{saved[-1]!r}."
-        )
+        raise DriverError(f"load_rng_state: unknown entr(ies) {unknown}; the {framework} driver saves {_and(saved)}.")
+
+
+def _and(keys: tuple[str, ...]) -> str:
+    """``'a', 'b' and 'c'``."""
+    names = ", ".join(repr(key) for key in keys[:-1])
+    return f"{f'{names} and ' if names else ''}{keys[-1]!r}"
 
 
 def warn_device_states(saved: int, available: int, kind: str) -> int:

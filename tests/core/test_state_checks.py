@@ -126,6 +126,8 @@ def test_rng_state_keys_and_device_counts() -> None:
         check_rng_state_keys({"cpu": 1, "x": 2}, ("cpu", "cuda", "modules"), "oneflow")
     with pytest.raises(DriverError, match=r"the solo driver saves 'cpu'\.$"):
         check_rng_state_keys({"cpu": 1, "x": 2}, ("cpu",), "solo")
+    with pytest.raises(DriverError, match=r"needs the dict returned by rng_state\(\), with 'seed' and 'engine'\.$"):
+        check_rng_state_keys({"seed": 1}, ("seed", "engine"), "jittor", required=("seed", "engine"))
     assert warn_device_states(2, 2, "CUDA") == 2
     with pytest.warns(UserWarning, match=r"holds GPU random states for 3 device\(s\) but this machine has 1; "
                                          r"restoring the first 1\."):

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, check_rng_state_keys
 
 _ENGINE_SYMBOL = "_ZN6jittor3engE"  # jittor::eng, a std::unique_ptr<std::default_random_engine>
+_KEYS = ("seed", "engine")
 _MODULUS = 2147483647  # minstd_rand0's modulus: a state is in [1, _MODULUS)
 _engine_address: int | None = None
 
@@ -110,13 +111,7 @@ def rng_state() -> dict[str, Any]:
 
 def load_rng_state(state: Mapping[str, Any]) -> None:
     """Restore :func:`rng_state`: reseed (cuRAND restarts from the seed) and put the engine back."""
-    if not isinstance(state, Mapping) or not {"seed", "engine"} <= set(state):
-        raise DriverError(
-            f"load_rng_state(state={state!r:.80}) needs the dict returned by rng_state(), with 'seed' and 'engine'."
-        )
-    unknown = sorted(set(state) - {"seed", "engine"})
-    if unknown:
-        raise DriverError(f"load_rng_state: unknown entr(ies) {unknown}; the jittor driver saves 'seed' and 'engine'.")
+    check_rng_state_keys(state, _KEYS, "jittor", required=_KEYS)
     seed, engine = state["seed"], state["engine"]
     for key, value in (("seed", seed), ("engine", engine)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

@@ -14,16 +14,11 @@ the optimizer, whose learning rate travels with the optimizer's own state)::
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 from drivetrain import ConfigurationError
 
-
-def _plain(value: Any) -> bool:
-    if value is None or isinstance(value, (bool, str, numbers.Number)):
-        return True
-    return isinstance(value, (list, tuple)) and all(_plain(v) for v in value)
+from .state import plain_value
 
 
 def _encode(value: Any) -> Any:
@@ -57,7 +52,7 @@ class ResumableScheduler:
 
     def state_dict(self) -> dict[str, Any]:
         return {key: _encode(value) for key, value in vars(self.scheduler).items()
-                if key != "optimizer" and not key.startswith("_") and _plain(value)}
+                if key != "optimizer" and not key.startswith("_") and plain_value(value)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict):

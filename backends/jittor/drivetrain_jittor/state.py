@@ -214,11 +214,11 @@ def load_gradient_state(model: Any, optimizers: list[Any], grads: Mapping[str, A
 
 
 # --------------------------------------------------------------------- optimizers
-def _plain(value: Any) -> bool:
+def plain_value(value: Any) -> bool:
     """A value the checkpoint manifest stores as JSON: numbers, strings, None, and tuples/lists of them."""
     if value is None or isinstance(value, (bool, str, numbers.Number)):
         return True
-    return isinstance(value, (list, tuple)) and all(_plain(v) for v in value)
+    return isinstance(value, (list, tuple)) and all(plain_value(v) for v in value)
 
 
 def optimizer_state(model: Any, optimizer: Any, where: str) -> dict[str, Any]:
@@ -226,7 +226,7 @@ def optimizer_state(model: Any, optimizer: Any, where: str) -> dict[str, Any]:
     jt = _jt()
     names = _names_by_id(model)
     attributes = {k: v for k, v in vars(optimizer).items()
-                  if not k.startswith("_") and k != "param_groups" and _plain(v)}
+                  if not k.startswith("_") and k != "param_groups" and plain_value(v)}
     groups = []
     for g, group in enumerate(optimizer.param_groups):
         params = group["params"]
@@ -238,7 +238,7 @@ def optimizer_state(model: Any, optimizer: Any, where: str) -> dict[str, Any]:
                 continue
             if isinstance(value, list) and len(value) == len(params) and all(isinstance(v, jt.Var) for v in value):
                 slots[key] = dict(zip(keys, value, strict=True))
-            elif _plain(value):
+            elif plain_value(value):
                 options[key] = value
             else:
                 raise DriverError(
