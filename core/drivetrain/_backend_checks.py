@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._errors import DriverError
+from ._plugins import available_drivers
 
 
 def check_framework_kwargs(
@@ -37,15 +38,29 @@ def check_framework_kwargs(
     return dict(value)
 
 
-def check_model_type(model: Any, module_type: type, *, driver: str, expected: str) -> None:
-    """Refuse a ``model`` that is not a ``module_type`` (``expected`` names it, e.g. ``"torch.nn.Module"``)."""
-    if not isinstance(model, module_type):
-        kind = (
-            "a class; pass an instance, e.g. MyNet()"
-            if isinstance(model, type)
-            else f"a {type(model).__module__}.{type(model).__qualname__}"
+def check_model_type(model: Any, module_type: type, *, driver: str, expected: str, forward: str = "forward") -> None:
+    """Refuse a ``model`` that is not a ``module_type`` (``expected`` names it, e.g. ``"torch.nn.Module"``;
+    ``forward`` is its forward method's name), naming the installed driver that claims such a model."""
+    if isinstance(model, module_type):
+        return
+    if isinstance(model, type):
+        raise DriverError(
+            f"model={model!r:.80} is a class; pass an instance, e.g. {model.__name__}(); the {driver} driver "
+            f"needs a {expected}."
         )
-        raise DriverError(f"model={model!r:.80} is {kind}; the {driver} driver needs a {expected}.")
+    kind = f"a {type(model).__module__}.{type(model).__qualname__}"
+    fits = [spec.name for spec in available_drivers().values() if spec.name != driver and spec.claims(model)]
+    if fits:
+        raise DriverError(
+            f"model={type(model).__qualname__}(...) is {kind}, not a {expected}: driver={driver!r} drives "
+            f"{expected.split('.')[0]} models. Use driver={fits[0]!r} for this model (or driver='auto', which "
+            "picks it)."
+        )
+    framework = (type(model).__module__ or "").split(".")[0]
+    raise DriverError(
+        f"model={model!r:.80} is {kind}, not a {expected}, and no installed driver claims {framework!r} models; "
+        f"the {driver} driver needs a {expected} (class MyNet({expected}) with {forward}())."
+    )
 
 
 def bool_option(options: Mapping[str, Any], key: str, default: bool, *, argument: str) -> bool:

@@ -104,8 +104,9 @@ class ModuleDriver(Driver):
     # ------------------------------------------------------------ construction
     @classmethod
     def check_model(cls, model: Any) -> None:
-        """Refuse a model that is not the framework's module type, naming what it is."""
-        check_model_type(model, cls.module_type, driver=cls.name, expected=cls.module_name)
+        """Refuse a model that is not the framework's module type, naming what it is and the driver that fits it."""
+        check_model_type(model, cls.module_type, driver=cls.name, expected=cls.module_name,
+                         forward=cls.default_forward_name)
 
     @classmethod
     def check_options(cls, framework_kwargs: Any, accepted: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -48,11 +48,6 @@ _NOT_HERE = {
 }
 
 
-def check_model(model: Any) -> None:
-    """The jittor drivers drive ``jittor.Module`` instances; anything else is refused with the driver that fits."""
-    JittorSingleDriver.check_model(model)
-
-
 _VAR = jt.Var
 
 
@@ -79,27 +74,6 @@ class JittorSingleDriver(ModuleDriver):
     not_here_kwargs = _NOT_HERE
     state_ops = _state
     rng_ops = _rng
-
-    @classmethod
-    def check_model(cls, model: Any) -> None:
-        if isinstance(model, jt.Module):
-            return
-        if isinstance(model, type):
-            raise DriverError(f"model={model!r:.80} is a class; pass an instance, e.g. {model.__name__}().")
-        from drivetrain import available_drivers
-
-        fits = [spec.name for spec in available_drivers().values() if spec.name != "jittor" and spec.claims(model)]
-        kind = f"a {type(model).__module__}.{type(model).__qualname__}"
-        if fits:
-            raise DriverError(
-                f"model={type(model).__qualname__}(...) is {kind}, not a jittor.Module: driver='jittor' drives "
-                f"jittor models. Use driver={fits[0]!r} for this model (or driver='auto', which picks it)."
-            )
-        framework = (type(model).__module__ or "").split(".")[0]
-        raise DriverError(
-            f"model={model!r:.80} is {kind}, not a jittor.Module, and no installed driver claims "
-            f"{framework!r} models; the jittor driver needs a jittor.Module (class MyNet(jittor.Module) with execute())."
-        )
 
     def resolve_device(self, device: Any, model: Any) -> str:
         return resolve_device(device, jt)
