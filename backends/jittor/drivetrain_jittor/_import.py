@@ -29,6 +29,7 @@ later would change nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -36,7 +37,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import numpy as np
@@ -109,44 +110,35 @@ def _cache_hint() -> str:
     return os.path.join(home, ".cache", "jittor")
 
 
-class _SlowImportNotice:
-    """Writes one status line if the import takes longer than ``after`` seconds, and the total at the end."""
+def _say(text: str) -> None:
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed stream must not break the import
+        pass
 
-    def __init__(self, after: float, stream=None) -> None:
-        self.after = after
-        self.stream = stream
-        self._done = threading.Event()
-        self._announced = False
-        self._thread = threading.Thread(target=self._watch, name="drivetrain-jittor-import", daemon=True)
-        self.started = 0.0
 
-    def _write(self, text: str) -> None:
-        stream = self.stream or sys.stderr
-        try:
-            stream.write(text + "\n")
-            stream.flush()
-        except (OSError, ValueError):  # a closed stream must not break the import
-            pass
+@contextlib.contextmanager
+def _slow_import_notice(after: float) -> Iterator[None]:
+    """Writes one status line if the body takes longer than ``after`` seconds, and the total when it ends."""
+    started, announced = time.monotonic(), threading.Event()
 
-    def _watch(self) -> None:
-        if not self._done.wait(self.after):
-            self._announced = True
-            self._write(
-                f"drivetrain-jittor: importing jittor is taking more than {self.after:g} s: the first import on a "
-                f"machine (or a new jittor install) compiles jittor's C++ core, which takes minutes (~4-6 min on 2 "
-                f"cores); the result is cached under {_cache_hint()} and later imports take seconds."
-            )
+    def announce() -> None:
+        announced.set()
+        _say(f"drivetrain-jittor: importing jittor is taking more than {after:g} s: the first import on a machine "
+             f"(or a new jittor install) compiles jittor's C++ core, which takes minutes (~4-6 min on 2 cores); the "
+             f"result is cached under {_cache_hint()} and later imports take seconds.")
 
-    def __enter__(self) -> _SlowImportNotice:
-        self.started = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-        if self._announced and exc[0] is None:
-            self._write(f"drivetrain-jittor: jittor imported in {time.monotonic() - self.started:.0f} s.")
+    timer = threading.Timer(min(after, threading.TIMEOUT_MAX), announce)  # inf: never (Event.wait overflows)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
+    if announced.is_set():
+        _say(f"drivetrain-jittor: jittor imported in {time.monotonic() - started:.0f} s.")
 
 
 def import_jittor(notice_after: float = SLOW_IMPORT_NOTICE_S) -> ModuleType:
@@ -161,7 +153,7 @@ def import_jittor(notice_after: float = SLOW_IMPORT_NOTICE_S) -> ModuleType:
     prepare_environment()
     python_state, numpy_state = random.getstate(), np.random.get_state()
     handlers = _python_signal_handlers()
-    with _SlowImportNotice(notice_after):
+    with _slow_import_notice(notice_after):
         import jittor
     random.setstate(python_state)  # jittor reseeds both from the clock at import
     np.random.set_state(numpy_state)

@@ -115,34 +115,17 @@ def _index(device: Any) -> int:
     return int(text.split(":")[1]) if ":" in text else 0
 
 
-class _FailureExit:
+_exit_notice: list[str] = []
+"""What this process says on its way out after a failed loop (the last failure's words); empty until one."""
+
+
+def _exit_without_finalize() -> None:
     """At interpreter exit after a failed loop: flush, say why, and ``os._exit(1)`` without MPI_Finalize."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.rank = 0
-        self.world = 1
-        self._registered = False
-
-    def arm(self, reason: str, rank: int, world: int) -> None:
-        self.reason, self.rank, self.world = reason, rank, world
-        if not self._registered:
-            self._registered = True
-            atexit.register(self._exit)  # registered last, so it runs before jittor's own exit handlers
-
-    def _exit(self) -> None:
-        if self.reason is None:
-            return
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.write(
-                f"drivetrain-jittor: rank {self.rank} of {self.world} stopped after {self.reason}; it exits without "
-                "MPI_Finalize (code 1) so that mpirun stops the other processes instead of leaving them waiting.\n")
-            sys.stderr.flush()
-        os._exit(1)
-
-
-_failure_exit = _FailureExit()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.write(_exit_notice[-1])
+        sys.stderr.flush()
+    os._exit(1)
 
 
 class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
@@ -180,7 +163,11 @@ class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
         """Arrange for this process to end without MPI_Finalize (see the module docstring)."""
         exc = sys.exc_info()[1]
         what = "an exception" if exc is None else f"{type(exc).__name__}: {str(exc)[:200]}"
-        _failure_exit.arm(what, self.rank, self.world_size)
+        if not _exit_notice:
+            atexit.register(_exit_without_finalize)  # registered last, so it runs before jittor's own exit handlers
+        _exit_notice.append(
+            f"drivetrain-jittor: rank {self.rank} of {self.world_size} stopped after {what}; it exits without "
+            "MPI_Finalize (code 1) so that mpirun stops the other processes instead of leaving them waiting.\n")
 
     # ----------------------------------------------------------------------- data
     def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
