@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ._dataloaders import OverfitLoader
+from ._dist_objects import broadcast_pickled, gather_pickled, reduce_gathered
 from ._errors import ConfigurationError, DistributedError, DriverError, DrivetrainError
 from ._sampler import find_reproducible_sampler
 from ._spawn import FailureBoard, Launcher, exception_summary
@@ -227,7 +228,8 @@ class DistributedDriverMixin:
     hooks: ``_join()`` (the first ``setup``), ``_barrier_op()``,
     ``_broadcast_op(box, src)`` (``box[0]`` of rank ``src`` into every rank's ``box``),
     ``_gather_op(obj)`` (every rank's object) and ``_reduce_op(array, op)`` (a numeric
-    array reduced over the ranks), each run inside :meth:`_collective`; and, for a
+    array reduced over the ranks), each run inside :meth:`_collective` (or, where the
+    framework has no object collectives, ``_broadcast_array`` and ``_gather_arrays``); and, for a
     driver with a :class:`CollectiveGuard` in ``_guard``, ``_shut_down()`` once
     collectives are refused after a failure.
     """
@@ -361,13 +363,24 @@ class DistributedDriverMixin:
     def _barrier_op(self) -> None:
         raise NotImplementedError
 
+    # For a framework without object collectives the defaults below need two array collectives only:
+    # ``_broadcast_array(array, src)`` and ``_gather_arrays(array)``. Objects travel pickled, and ``all_reduce``
+    # reduces the gathered arrays in numpy, in rank order: exact for every dtype, the same on every rank.
     def _broadcast_op(self, box: list[Any], src: int) -> None:
-        raise NotImplementedError
+        box[0] = broadcast_pickled(box[0], src, self.rank, self._broadcast_array)
 
     def _gather_op(self, obj: Any) -> list[Any]:
-        raise NotImplementedError
+        return gather_pickled(obj, self._gather_arrays)
 
     def _reduce_op(self, array: np.ndarray, op: str) -> np.ndarray:
+        return reduce_gathered(self._gather_op(array), op)  # objects: arrays of other shapes fail by name
+
+    def _broadcast_array(self, array: np.ndarray, src: int) -> np.ndarray:
+        """Rank ``src``'s ``array`` on every rank (the others pass one of the same shape and dtype)."""
+        raise NotImplementedError
+
+    def _gather_arrays(self, array: np.ndarray) -> list[np.ndarray]:
+        """Every rank's ``array`` (one shape and dtype everywhere), in rank order."""
         raise NotImplementedError
 
     def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:

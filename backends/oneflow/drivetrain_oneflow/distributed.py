@@ -12,9 +12,9 @@ this driver differs from the single-process one:
   accumulation still gives the same gradients as with ``no_sync`` (each micro-batch's
   local gradient is averaged across processes once), with one all-reduce per micro-batch;
 - oneflow has no object collectives: ``broadcast_object``/``all_gather_object`` send
-  pickled bytes through ``oneflow.comm`` tensor collectives (the core's
-  :func:`drivetrain.backend.broadcast_pickled` and ``gather_pickled``; between this run's
-  own processes only, files are never unpickled);
+  pickled bytes through ``oneflow.comm`` tensor collectives (the core's defaults over
+  ``_broadcast_array``/``_gather_arrays``; between this run's own processes only, files
+  are never unpickled);
 - dataloaders are re-sampled so each rank takes its share of every global batch
   (training) or its own contiguous shard (evaluation).
 """
@@ -35,9 +35,7 @@ from drivetrain.backend import (
     DistributedDriverMixin,
     DriverError,
     Watchdog,
-    broadcast_pickled,
     die_with_parent,
-    gather_pickled,
     reduce_gathered,
 )
 
@@ -218,23 +216,16 @@ class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
     def _barrier_op(self) -> None:
         flow.comm.barrier()
 
-    def _gather(self, array: np.ndarray) -> list[np.ndarray]:
-        """Every rank's ``array`` (same shape and dtype everywhere), in rank order."""
+    def _gather_arrays(self, array: np.ndarray) -> list[np.ndarray]:
         tensor = self._local(array)
         out = [flow.empty(tuple(tensor.shape), dtype=tensor.dtype, device=self.device) for _ in range(self.world_size)]
         flow.comm.all_gather(out, tensor)
         return [t.numpy() for t in out]
 
-    def _broadcast(self, array: np.ndarray, src: int) -> np.ndarray:
+    def _broadcast_array(self, array: np.ndarray, src: int) -> np.ndarray:
         tensor = self._local(array)
         flow.comm.broadcast(tensor, src)
         return tensor.numpy()
-
-    def _broadcast_op(self, box: list[Any], src: int) -> None:
-        box[0] = broadcast_pickled(box[0], src, self.rank, self._broadcast)
-
-    def _gather_op(self, obj: Any) -> list[Any]:
-        return gather_pickled(obj, self._gather)
 
     def _reduce_op(self, array: np.ndarray, op: str) -> np.ndarray:
         """Gathered, then reduced in rank order (the same result everywhere)."""
@@ -242,4 +233,4 @@ class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
             array = array.astype(np.int64)  # oneflow has no bool/uint16+ tensors; int64 holds any count
         elif array.dtype == np.float16:
             array = array.astype(np.float32)
-        return reduce_gathered(self._gather(array), op)
+        return reduce_gathered(self._gather_arrays(array), op)
