@@ -68,9 +68,10 @@ def dataset_size(dataset: Any) -> int:
         ) from exc
 
 
-def replaceable(dataset: Any) -> bool:
-    """Whether the dataset samples the default way (shuffle or in order), so its sampling can be replaced."""
-    return getattr(dataset, "sampler", None) is None
+def shareable(dataset: Any) -> bool:
+    """Whether ``dataset`` is a jittor Dataset that samples the default way (shuffle or in order), so that its
+    sampling can be replaced (a :class:`DatasetLoader` already is: it is not a jittor Dataset)."""
+    return is_jittor_dataset(dataset) and getattr(dataset, "sampler", None) is None
 
 
 def per_process_batch(dataset: Any, world_size: int, argument: str) -> int:

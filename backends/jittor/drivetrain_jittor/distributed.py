@@ -42,22 +42,18 @@ from drivetrain.backend import (
     DataSharding,
     DistributedDriverMixin,
     DriverError,
-    broadcast_pickled,
-    gather_pickled,
-    reduce_gathered,
+    parse_device_arg,
 )
 
 from . import _mpi
 from ._dataloader import (
-    DatasetLoader,
     describe,
-    is_jittor_dataset,
     per_process_batch,
-    replaceable,
     reproducible_loader,
+    shareable,
     unrepeated_loader,
 )
-from ._device import resolve_device
+from ._device import ACCEPTED, resolve_device
 from .driver import JittorSingleDriver, jt
 
 
@@ -97,7 +93,7 @@ def mpi_layout(device: Any, nproc: int | None, jt: Any) -> MPILayout:
         if len(kinds) > 1:
             raise DriverError(f"device={list(device)!r} mixes CPU and GPUs; list only one kind.")
         if kinds == {"cuda"}:
-            listed = [_index(d) for d in device]
+            listed = [parse_device_arg(d, ACCEPTED)[1] or 0 for d in device]  # each one a GPU jittor accepted
             if listed != list(range(local_size)):
                 raise DriverError(
                     f"device={list(device)!r}: under MPI jittor binds process k of this machine to GPU k (its NCCL "
@@ -106,13 +102,6 @@ def mpi_layout(device: Any, nproc: int | None, jt: Any) -> MPILayout:
                 )
         device = mine
     return MPILayout(rank=rank, world_size=world, local_rank=local_rank, local_size=local_size, device=device)
-
-
-def _index(device: Any) -> int:
-    if isinstance(device, int):
-        return device
-    text = str(device).strip().lower()
-    return int(text.split(":")[1]) if ":" in text else 0
 
 
 _exit_notice: list[str] = []
@@ -179,7 +168,7 @@ class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
                       agree_seed: Callable[[int], int]) -> Any:
         """A jittor Dataset with default sampling, reading ``batch_size / num_replicas`` samples of every global batch
         (:data:`DataSharding.reproducible`); anything else as is. jittor has no ``even_batches`` option."""
-        if isinstance(dataset, DatasetLoader) or not _shareable(dataset):
+        if not shareable(dataset):
             return dataset
         argument = self._argument_names().get(id(dataset), "train_dataloader")
         return reproducible_loader(dataset, num_replicas=num_replicas, rank=rank, agree_seed=agree_seed,
@@ -189,26 +178,20 @@ class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
     def _barrier_op(self) -> None:
         jt.mpi.mpi_barrier()
 
-    def _broadcast_op(self, box: list[Any], src: int) -> None:
-        box[0] = broadcast_pickled(box[0], src, self.rank, lambda array, root: _mpi.broadcast(jt, array, root))
+    def _broadcast_array(self, array: np.ndarray, src: int) -> np.ndarray:
+        return _mpi.broadcast(jt, array, src)
 
-    def _gather_op(self, obj: Any) -> list[Any]:
-        return gather_pickled(obj, lambda array: _mpi.gather(jt, array, self.world_size))
+    def _gather_arrays(self, array: np.ndarray) -> list[np.ndarray]:
+        return _mpi.gather(jt, array, self.world_size)
 
     def _reduce_op(self, array: np.ndarray, op: str) -> np.ndarray:
-        """Gathered, then reduced in numpy: exact for every dtype (jittor's own all-reduce sums only); the
-        dtype is kept."""
-        parts = self._gather_op(np.ascontiguousarray(array))
-        return reduce_gathered(parts, op).astype(array.dtype, copy=False)
-
-
-def _shareable(dataset: Any) -> bool:
-    return is_jittor_dataset(dataset) and replaceable(dataset)
+        """The core's gathered reduction (jittor's own all-reduce sums only), keeping the dtype."""
+        return super()._reduce_op(np.ascontiguousarray(array), op).astype(array.dtype, copy=False)
 
 
 def _unrepeated(dataset: Any, *, num_replicas: int, rank: int) -> Any:
     """This process's contiguous shard of a jittor Dataset with default sampling, or None (cannot be shared out)."""
-    if not _shareable(dataset):
+    if not shareable(dataset):
         return None
     size = -(-int(dataset.batch_size) // num_replicas)
     return unrepeated_loader(dataset, num_replicas=num_replicas, rank=rank, batch_size=size)

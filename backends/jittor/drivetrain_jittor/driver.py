@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain.backend import DriverError, ModuleDriver, move_nested
+from drivetrain.backend import DriverError, ModuleDriver, batch_mover
 
 from . import _rng
 from . import state as _state
-from ._dataloader import DatasetLoader, is_jittor_dataset, replaceable, reproducible_loader
+from ._dataloader import reproducible_loader, shareable
 from ._device import apply_device, resolve_device
 from ._import import import_jittor
 from .plugin import CAPABILITIES
@@ -53,6 +53,10 @@ _VAR = jt.Var
 
 def _is_numeric_array(value: Any) -> bool:
     return type(value) is np.ndarray and value.dtype.kind in "biuf"
+
+
+def _everywhere(var: Any) -> bool:
+    return True  # a Var is on the device jittor's global flag names
 
 
 class JittorSingleDriver(ModuleDriver):
@@ -80,6 +84,7 @@ class JittorSingleDriver(ModuleDriver):
 
     def configure(self, options: dict[str, Any]) -> None:
         self._precision = Precision(self.precision, self.device, options.get(AMP_OPTION), jt)
+        self._move = batch_mover(_VAR, _everywhere, lambda array: jt.array(array).stop_grad(), _is_numeric_array)
         # The last loss the model returned and the last one given to backward (they differ when the
         # core divides for accumulation): tensor_to_numpy hands them over as 0-d arrays.
         self._model_loss: Any = None
@@ -179,13 +184,7 @@ class JittorSingleDriver(ModuleDriver):
     # ----------------------------------------------------------------------- data
     def move_data_to_device(self, batch: Any) -> Any:
         """Numeric numpy arrays become jittor Vars (jittor places every Var by the global device flag)."""
-        if type(batch) is dict:  # the usual batch, already Vars: checked without recursion
-            for value in batch.values():
-                if type(value) is not _VAR:
-                    break
-            else:
-                return batch
-        return move_nested(batch, _is_numeric_array, lambda array: jt.array(array).stop_grad())
+        return self._move(batch)
 
     def tensor_to_numpy(self, tensor: Any) -> np.ndarray:
         if not isinstance(tensor, jt.Var):
@@ -205,7 +204,7 @@ class JittorSingleDriver(ModuleDriver):
 
     def reproducible_dataloader(self, dataloader: Any) -> Any:
         """A jittor Dataset read through a resumable sampler (see :mod:`._dataloader`); anything else as is."""
-        if isinstance(dataloader, DatasetLoader) or not is_jittor_dataset(dataloader) or not replaceable(dataloader):
+        if not shareable(dataloader):
             return dataloader
         return reproducible_loader(dataloader, num_replicas=1, rank=0, batch_size=int(dataloader.batch_size))
 

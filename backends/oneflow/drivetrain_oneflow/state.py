@@ -27,6 +27,7 @@ from drivetrain.backend import (
     bf16_bits,
     bf16_widened,
     check_file_tensor,
+    dtype_tags,
     file_dtype_tag,
     gradient_copies,
     loadable_gradients,
@@ -37,10 +38,7 @@ from drivetrain.backend import (
 )
 from drivetrain.backend import optimizer_state_for_load as _for_load
 
-_TAGS: dict[Any, str] = {
-    flow.float64: "F64", flow.float32: "F32", flow.float16: "F16", flow.bfloat16: "BF16",
-    flow.int64: "I64", flow.int32: "I32", flow.int8: "I8", flow.uint8: "U8", flow.bool: "BOOL",
-}
+_TAGS = dtype_tags(flow, ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"))
 
 
 def _shape(tensor: flow.Tensor) -> tuple[int, ...]:
