@@ -107,6 +107,20 @@ def safetensors_arrays(entries: Iterable[tuple[str, Mapping[str, Any]]], tags: C
         yield name, tag, np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape).astype(dtype)
 
 
+def widened_tensors(entries: Iterable[tuple[str, Mapping[str, Any]]], tags: Collection[str], refusal: str,
+                    from_numpy: Callable[[np.ndarray], Any], to_bf16: Callable[[Any], Any]) -> dict[str, Any]:
+    """``{name: tensor}`` of parsed safetensors ``entries`` (see :func:`safetensors_arrays`) for a framework whose
+    numpy bridge has no bfloat16 (oneflow, jittor): each array becomes a tensor through ``from_numpy``; a bfloat16
+    one is widened to its float32 values first and narrowed by ``to_bf16`` (both steps exact)."""
+    out: dict[str, Any] = {}
+    for name, tag, array in safetensors_arrays(entries, tags, refusal, {"BF16": np.uint16}):
+        if tag == "BF16":
+            out[name] = to_bf16(from_numpy(bf16_widened(array)))
+        else:
+            out[name] = from_numpy(array)
+    return out
+
+
 def gradient_copies(named_parameters: Iterable[tuple[str, Any]],
                     host_copy: Callable[[Any], Any | None]) -> dict[str, Any]:
     """``{name: host_copy(gradient)}`` over the parameters that have a gradient (``.grad`` not None).

@@ -131,6 +131,7 @@ from ._state_codec import (
     gradient_copies,
     safetensors_arrays,
     tensor_from,
+    widened_tensors,
 )
 from ._watchdog import Watchdog
 
@@ -241,6 +242,7 @@ __all__ = [
     "safetensors_arrays",  # each tensor of parsed safetensors bytes as a checked numpy array, for tensors_from_bytes
     "bf16_bits",  # float32 values -> their bfloat16 bits (uint16), exactly
     "bf16_widened",  # bfloat16 bits (uint16) -> their float32 values, exactly
+    "widened_tensors",  # tensors_from_bytes for a framework whose numpy bridge has no bfloat16 (through float32)
     "scaler_state_to_load",  # load_precision_state's checks and warnings around a grad scaler state
     # mixed precision (see drivetrain._precision_amp)
     "AmpPrecision",  # base of a backend's Precision: autocast factory, loss scaler state saved and loaded

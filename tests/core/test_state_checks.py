@@ -1,11 +1,14 @@
-"""The saved-state checks and loaders every backend words the same way (drivetrain.backend)."""
+"""The saved-state checks and loaders every backend words the same way (drivetrain.backend), and reading
+bfloat16 tensors for a framework without it in its numpy bridge."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from drivetrain.backend import (
     DriverError,
+    bf16_bits,
     check_gradient_names,
     check_gradient_shape,
     check_rng_state_keys,
@@ -16,6 +19,7 @@ from drivetrain.backend import (
     optimizer_state_for_load,
     scaler_state_to_load,
     warn_device_states,
+    widened_tensors,
 )
 
 
@@ -140,3 +144,14 @@ def test_checked_cuda_index() -> None:
     with pytest.raises(DriverError, match=r"^device='cuda:2': cuda:2 does not exist, this process sees 2 CUDA "
                                           r"device\(s\) \(valid: cuda:0, cuda:1\)\. Check CUDA_VISIBLE_DEVICES\.$"):
         checked_cuda_index("cuda:2", 2, 2, lambda: 0)
+
+
+def test_widened_tensors_read_bfloat16_through_float32() -> None:
+    values = np.array([1.5, -2.0, 3.140625], dtype=np.float32)  # exact bfloat16 values
+    entries = [("w", {"dtype": "BF16", "shape": [3], "data": bf16_bits(values).tobytes()}),
+               ("n", {"dtype": "I64", "shape": [2], "data": np.array([1, 2], "<i8").tobytes()})]
+    out = widened_tensors(entries, ("BF16", "I64"), "the solo driver cannot load", np.array, lambda a: ("bf16", a))
+    assert out["w"][0] == "bf16" and out["w"][1].dtype == np.float32 and np.array_equal(out["w"][1], values)
+    assert out["n"].dtype == np.int64 and out["n"].tolist() == [1, 2]
+    with pytest.raises(DriverError, match=r"^tensor 'n' has dtype I64, which the solo driver cannot load\.$"):
+        widened_tensors(entries, ("BF16",), "the solo driver cannot load", np.array, lambda a: a)

@@ -34,15 +34,14 @@ from drivetrain.backend import (
     DriverError,
     array_buffer,
     bf16_bits,
-    bf16_widened,
     check_file_tensor,
     check_gradient_shape,
     check_optimizer_state,
     file_dtype_tag,
     listed_names,
     loadable_model_state,
-    safetensors_arrays,
     tensor_from,
+    widened_tensors,
 )
 
 _ZERO_FLAG = "_Optimizer__zero_grad"
@@ -127,15 +126,8 @@ def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
 
 def tensors_from_bytes(data: bytes) -> dict[str, Any]:
     """Parse safetensors bytes into jittor Vars (safetensors' own parser; nothing is unpickled)."""
-    jt = _jt()
-    out: dict[str, Any] = {}
-    entries = safetensors.deserialize(bytes(data))
-    for name, tag, array in safetensors_arrays(entries, _JT_DTYPES, "the jittor driver cannot load", {"BF16": np.uint16}):
-        if tag == "BF16":
-            out[name] = jt.array(bf16_widened(array)).bfloat16()
-        else:
-            out[name] = jt.array(array, dtype=_JT_DTYPES[tag])
-    return out
+    return widened_tensors(safetensors.deserialize(bytes(data)), _JT_DTYPES, "the jittor driver cannot load",
+                           _from_numpy, lambda var: var.bfloat16())
 
 
 # --------------------------------------------------------------------- helpers

@@ -25,7 +25,6 @@ from drivetrain.backend import (
     DriverError,
     array_buffer,
     bf16_bits,
-    bf16_widened,
     check_file_tensor,
     dtype_tags,
     file_dtype_tag,
@@ -33,8 +32,8 @@ from drivetrain.backend import (
     loadable_gradients,
     loadable_model_state,
     move_nested,
-    safetensors_arrays,
     tensor_from,
+    widened_tensors,
 )
 from drivetrain.backend import optimizer_state_for_load as _for_load
 
@@ -90,15 +89,9 @@ def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
 
 def tensors_from_bytes(data: bytes) -> dict[str, flow.Tensor]:
     """Parse safetensors bytes into CPU oneflow tensors (safetensors' own parser; nothing is unpickled)."""
-    out: dict[str, flow.Tensor] = {}
     refusal = f"oneflow 0.9 has no dtype for; accepted: {sorted(_TAGS.values())}"
-    entries = safetensors.deserialize(bytes(data))
-    for name, tag, array in safetensors_arrays(entries, _TAGS.values(), refusal, {"BF16": np.uint16}):
-        if tag == "BF16":  # widen the bits to float32 (exact), then narrow in oneflow (exact again)
-            out[name] = flow.tensor(bf16_widened(array)).to(flow.bfloat16)
-        else:
-            out[name] = flow.tensor(array)  # a copy oneflow owns
-    return out
+    return widened_tensors(safetensors.deserialize(bytes(data)), _TAGS.values(), refusal, flow.tensor,
+                           lambda tensor: tensor.to(flow.bfloat16))  # flow.tensor: a copy oneflow owns
 
 
 # --------------------------------------------------------------------- gradients
