@@ -9,6 +9,7 @@ when to warn and fall back to fp32), and words its own scaler in the load warnin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
@@ -38,6 +39,33 @@ def scaler_options(options: Mapping[str, Any] | None, precision: str, argument: 
                  else list(accepted))
         raise DriverError(f"{argument} has unknown key(s) {unknown}; accepted: {words}.")
     return options
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+SCALER_VALUES: dict[str, Callable[[Any], bool]] = {
+    "float > 0": lambda value: _finite(value) and value > 0,
+    "float > 1": lambda value: _finite(value) and value > 1,
+    "float in (0, 1)": lambda value: _finite(value) and 0 < value < 1,
+    "int >= 1": lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+    "bool": lambda value: isinstance(value, bool),
+}
+"""What a loss scaler's option may be (a scale, a growth or a backoff factor, a step count, a switch), by the
+words that say it; a backend's description of each option starts with them (``"float > 1: ..."``)."""
+
+
+def check_scaler_values(options: Mapping[str, Any], described: Mapping[str, str], argument: str) -> None:
+    """Refuse a loss-scaler option whose value breaks the rule its description starts with.
+
+    ``described`` maps each key to ``"<rule>: <what it does>"``, the rule one of
+    :data:`SCALER_VALUES`; the error names ``argument[key]`` and shows the whole description.
+    """
+    for key, value in options.items():
+        words = described[key]
+        if not SCALER_VALUES[words.partition(":")[0]](value):
+            raise DriverError(f"{argument}[{key!r}]={value!r} is not accepted; it must be {words}.")
 
 
 def no_bf16_error(device: Any) -> DriverError:

@@ -88,7 +88,7 @@ from ._lr_groups import group_multipliers, shared_rate
 from ._module_driver import NULL_CONTEXT, ModuleDriver
 from ._param_matching import positional_parameters
 from ._plugin_spec import driver_specs_hook
-from ._precision_amp import AmpPrecision, no_bf16_error, scaler_options
+from ._precision_amp import AmpPrecision, check_scaler_values, no_bf16_error, scaler_options
 from ._rng_states import rng_state_list
 from ._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
 from ._spawn import (
@@ -247,6 +247,7 @@ __all__ = [
     # mixed precision (see drivetrain._precision_amp)
     "AmpPrecision",  # base of a backend's Precision: autocast factory, loss scaler state saved and loaded
     "scaler_options",  # the user's loss-scaler options: fp16 only, known keys only
+    "check_scaler_values",  # each loss-scaler option's value against the rule its description starts with
     "no_bf16_error",  # the DriverError for precision='bf16' on a GPU older than Ampere
     "check_rng_state_keys",  # load_rng_state's check of the state's entries
     "rng_state_list",  # an entry of a saved RNG state as a list (one state per device), refused otherwise

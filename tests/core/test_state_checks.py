@@ -3,6 +3,8 @@ bfloat16 tensors for a framework without it in its numpy bridge."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from drivetrain.backend import (
     check_gradient_names,
     check_gradient_shape,
     check_rng_state_keys,
+    check_scaler_values,
     check_state_shape,
     checked_cuda_index,
     loadable_gradients,
@@ -118,6 +121,26 @@ def test_scaler_state_to_load_warns_refuses_or_passes_the_state_on() -> None:
     assert _load_scaler({}, False) is None  # an empty state: nothing ignored, no warning
     with pytest.raises(DriverError, match=r"^load_precision_state\(state=list\) needs the dict returned by"):
         _load_scaler([], True)
+
+
+_SCALER = {"scale": "float > 0: the first scale", "grow": "float > 1: the growth", "shrink": "float in (0, 1): the backoff",
+           "every": "int >= 1: steps between growths", "dynamic": "bool: adapt the scale"}
+
+
+@pytest.mark.parametrize(("key", "good", "bad"), [
+    ("scale", [1e-3, 65536, 1.0], [0, -1.0, float("inf"), float("nan"), True, "1"]),
+    ("grow", [2, 1.5], [1, 1.0, 0.5, float("inf")]),
+    ("shrink", [0.5, 0.99], [0, 1, 1.0, -0.5, float("nan")]),
+    ("every", [1, 2000], [0, -3, 1.5, True, "2"]),
+    ("dynamic", [True, False], [1, 0, None]),
+])
+def test_scaler_values_follow_the_rule_their_description_starts_with(key, good, bad) -> None:
+    for value in good:
+        check_scaler_values({key: value}, _SCALER, "solo_kwargs")
+    for value in bad:
+        message = f"solo_kwargs['{key}']={value!r} is not accepted; it must be {_SCALER[key]}."
+        with pytest.raises(DriverError, match=f"^{re.escape(message)}$"):
+            check_scaler_values({key: value}, _SCALER, "solo_kwargs")
 
 
 def test_rng_state_keys_and_device_counts() -> None:

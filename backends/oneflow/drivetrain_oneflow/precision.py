@@ -15,21 +15,22 @@ it has no ``scale``/``step``/``update`` for eager training. So:
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import oneflow as flow
 
-from drivetrain.backend import AmpPrecision, DriverError, no_bf16_error, scaler_options
+from drivetrain.backend import AmpPrecision, DriverError, check_scaler_values, no_bf16_error, scaler_options
 
 _DTYPES = {"fp16": flow.float16, "bf16": flow.bfloat16}
-SCALER_KWARGS = {
-    "init_scale": "first loss scale (default 65536.0)",
-    "growth_factor": "factor the scale grows by after growth_interval steps without overflow (default 2.0)",
-    "backoff_factor": "factor the scale shrinks by when gradients overflow (default 0.5)",
-    "growth_interval": "steps without overflow before the scale grows (default 2000)",
+_ARGUMENT = "oneflow_kwargs['grad_scaler_kwargs']"
+SCALER_KWARGS = {  # each description starts with the rule check_scaler_values applies
+    "init_scale": "float > 0: first loss scale (default 65536.0)",
+    "growth_factor": "float > 1: factor the scale grows by after growth_interval steps without overflow "
+    "(default 2.0)",
+    "backoff_factor": "float in (0, 1): factor the scale shrinks by when gradients overflow (default 0.5)",
+    "growth_interval": "int >= 1: steps without overflow before the scale grows (default 2000)",
 }
 
 
@@ -45,16 +46,9 @@ class LossScaler:
 
     def __init__(self, init_scale: float = 65536.0, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000) -> None:
-        checks = (("init_scale", init_scale, lambda v: v > 0), ("growth_factor", growth_factor, lambda v: v > 1),
-                  ("backoff_factor", backoff_factor, lambda v: 0 < v < 1))
-        for name, value, ok in checks:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not ok(value):
-                raise DriverError(f"oneflow_kwargs['grad_scaler_kwargs'][{name!r}]={value!r} is out of range.")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-            raise DriverError(
-                f"oneflow_kwargs['grad_scaler_kwargs']['growth_interval']={growth_interval!r} must be an int >= 1."
-            )
+        options = {"init_scale": init_scale, "growth_factor": growth_factor, "backoff_factor": backoff_factor,
+                   "growth_interval": growth_interval}
+        check_scaler_values(options, SCALER_KWARGS, _ARGUMENT)
         self.scale = float(init_scale)
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
@@ -126,8 +120,7 @@ class Precision(AmpPrecision):
     def __init__(self, precision: str, device: flow.device, scaler_kwargs: Mapping[str, Any] | None = None) -> None:
         super().__init__(precision)
         on_cuda = device.type == "cuda"
-        options = scaler_options(scaler_kwargs, precision, "oneflow_kwargs['grad_scaler_kwargs']", SCALER_KWARGS,
-                                 check_keys=on_cuda)
+        options = scaler_options(scaler_kwargs, precision, _ARGUMENT, SCALER_KWARGS, check_keys=on_cuda)
         dtype = _DTYPES.get(precision)
         if dtype is None:
             return

@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import paddle
 
-from drivetrain.backend import AmpPrecision, DriverError, no_bf16_error
+from drivetrain.backend import AmpPrecision, DriverError, check_scaler_values, no_bf16_error
 
 from ._device import Device
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 AMP_LEVELS = ("O1", "O2")
-SCALER_KWARGS: dict[str, str] = {
+SCALER_KWARGS: dict[str, str] = {  # each description starts with the rule check_scaler_values applies
     "init_loss_scaling": "float > 0: the initial loss scale (paddle's default 65536.0; Wenxin used 1.0)",
     "incr_ratio": "float > 1: multiplier when the scale grows",
     "decr_ratio": "float in (0, 1): multiplier when the scale shrinks",
@@ -36,25 +36,6 @@ SCALER_KWARGS: dict[str, str] = {
     "decr_every_n_nan_or_inf": "int >= 1: shrink the scale after this many steps with inf/nan gradients",
     "use_dynamic_loss_scaling": "bool: adapt the scale (True) or keep it fixed (False)",
 }
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-_SCALER_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "init_loss_scaling": lambda value: _number(value) and value > 0,
-    "incr_ratio": lambda value: _number(value) and value > 1,
-    "decr_ratio": lambda value: _number(value) and 0 < value < 1,
-    "incr_every_n_steps": _count,
-    "decr_every_n_nan_or_inf": _count,
-    "use_dynamic_loss_scaling": lambda value: isinstance(value, bool),
-}
-"""What each of :data:`SCALER_KWARGS` must be (the words of the error are there)."""
 
 
 class Precision(AmpPrecision):
@@ -88,9 +69,7 @@ class Precision(AmpPrecision):
                 f"paddle_kwargs {sorted(scaler_kwargs)} set the fp16 loss scaler, but precision={precision!r} "
                 "needs no scaler (bfloat16 has fp32's range); remove them or use precision='fp16'."
             )
-        for key, value in scaler_kwargs.items():
-            if not _SCALER_CHECKS[key](value):
-                raise DriverError(f"paddle_kwargs[{key!r}]={value!r} is not accepted; it must be {SCALER_KWARGS[key]}.")
+        check_scaler_values(scaler_kwargs, SCALER_KWARGS, "paddle_kwargs")
         self.enabled = device.kind == "gpu"
         if not self.enabled:
             warnings.warn(
