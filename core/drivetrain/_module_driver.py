@@ -24,6 +24,36 @@ from ._errors import DriverError
 
 NULL_CONTEXT = contextlib.nullcontext()
 """One shared no-op context (``auto_cast`` in full precision), so the hot path allocates none."""
+_ABSENT = object()
+
+
+def call_through_wrapper(wrapper: Any, module: Any, method: str, args: tuple, kwargs: dict) -> Any:
+    """Run ``module.<method>(*args, **kwargs)`` inside ``wrapper``'s forward, and return what it returns.
+
+    A data-parallel or sharding wrapper (torch's DDP, paddle's group sharding, an engine)
+    sets up the gradient reduction (and counts the micro-batch) only around its own
+    forward, so a training method other than ``forward`` (``train_step``) must run there.
+    The module's ``forward`` is replaced for exactly one call, and put back before the
+    method runs, so a method calling ``self(...)`` reaches the real forward.
+    """
+    target = getattr(module, method)
+    saved = module.__dict__.get("forward", _ABSENT)
+
+    def restore() -> None:
+        if saved is _ABSENT:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = saved
+
+    def once(*a: Any, **k: Any) -> Any:
+        restore()
+        return target(*a, **k)
+
+    module.__dict__["forward"] = once
+    try:
+        return wrapper(*args, **kwargs)
+    finally:
+        restore()
 
 
 class ModuleDriver(Driver):

@@ -85,7 +85,7 @@ from ._driver_factory import module_driver_factory, planned_distributed
 from ._errors import DistributedError, DriverError
 from ._log import ignore_framework_log_format
 from ._lr_groups import group_multipliers, shared_rate
-from ._module_driver import NULL_CONTEXT, ModuleDriver
+from ._module_driver import NULL_CONTEXT, ModuleDriver, call_through_wrapper
 from ._param_matching import positional_parameters
 from ._plugin_spec import driver_specs_hook
 from ._precision_amp import AmpPrecision, check_scaler_values, no_bf16_error, scaler_options
@@ -195,6 +195,7 @@ __all__ = [
     "DriverError",  # what a driver raises for a wrong argument (also drivetrain.DriverError)
     "ModuleDriver",  # the template of a driver for a framework with modules, optimizers and dataloaders
     "NULL_CONTEXT",  # one shared no-op context manager, for auto_cast / no_sync on the hot path
+    "call_through_wrapper",  # a module's training method run inside a wrapper's forward (DDP, sharding, engines)
     "module_driver_factory",  # the plugin's create_driver for a ModuleDriver backend, given its distributed choice
     "planned_distributed",  # module_driver_factory's distributed choice from a planner and a lazily imported driver class
     "driver_specs_hook",  # the plugin module's drivetrain_driver_specs hook for a backend laid out by convention

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, call_through_wrapper, move_nested
 
 
 class GroupSharding:
@@ -44,18 +44,10 @@ class GroupSharding:
         """A training call through the sharded wrapper's forward (where stage 2/3 set up the gradient reduction
         and stage 3 gathers); a named method (``train_step``) runs as that forward, for one call."""
         wrapper = self.model
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if fn is layer or getattr(fn, "__self__", None) is not layer:
-                return wrapper(*args, **kwargs)
-            saved = layer.__dict__.get("forward")
-            layer.__dict__["forward"] = lambda *a, **k: (_restore(layer, saved), fn(*a, **k))[1]
-            try:
-                return wrapper(*args, **kwargs)
-            finally:
-                _restore(layer, saved)
-
-        return call
+        if fn is layer or getattr(fn, "__self__", None) is not layer:
+            return wrapper
+        method = fn.__name__
+        return lambda *args, **kwargs: call_through_wrapper(wrapper, layer, method, args, kwargs)
 
     def gather_parameters(self) -> None:
         """Stage 3: every process gets the full parameters (a collective); stage 2 holds them whole already."""
@@ -95,19 +87,7 @@ class GroupSharding:
         return share
 
 
-def _restore(layer: paddle.nn.Layer, saved: Any) -> None:
-    if saved is None:
-        layer.__dict__.pop("forward", None)
-    else:
-        layer.__dict__["forward"] = saved
-
-
-def _to_numpy(value: Any) -> Any:
+def _to_numpy(state: Any) -> Any:
     """Tensors become numpy arrays, so that an object collective can carry the state."""
-    if isinstance(value, paddle.Tensor):
-        return np.array(value.numpy(), copy=True)
-    if isinstance(value, Mapping):
-        return {key: _to_numpy(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_numpy(item) for item in value)
-    return value
+    return move_nested(state, lambda value: isinstance(value, paddle.Tensor),
+                       lambda tensor: np.array(tensor.numpy(), copy=True))
