@@ -41,6 +41,7 @@ from drivetrain.backend import (
     DistributedDriverMixin,
     DistributedError,
     FailureBoard,
+    call_through_wrapper,
     settle_at_exit,
 )
 
@@ -262,31 +263,3 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
             tensor = tensor.to(self.device)
         dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()))
         return tensor.cpu().numpy()
-
-
-def call_through_wrapper(wrapper: Any, module: torch.nn.Module, method: str, args: tuple, kwargs: dict) -> Any:
-    """Run ``module.<method>`` inside ``wrapper``'s forward (the user's DDP, so its gradients are synchronised;
-    an engine built on this backend, so the engine counts the micro-batch).
-
-    The module's ``forward`` is replaced for exactly one call (put back before the method
-    runs, so a method calling ``self(...)`` reaches the real forward).
-    """
-    target = getattr(module, method)
-    missing = object()
-    saved = module.__dict__.get("forward", missing)
-
-    def restore() -> None:
-        if saved is missing:
-            module.__dict__.pop("forward", None)
-        else:
-            module.__dict__["forward"] = saved
-
-    def once(*a: Any, **k: Any) -> Any:
-        restore()
-        return target(*a, **k)
-
-    module.__dict__["forward"] = once
-    try:
-        return wrapper(*args, **kwargs)
-    finally:
-        restore()
