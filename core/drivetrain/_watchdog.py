@@ -32,11 +32,17 @@ PEER_GRACE = 5.0
 _BOARD_EVERY = 0.5  # how often ``peer_reports`` is asked while a call is watched
 
 
-def end_process(message: str) -> None:
-    """The default ``on_expiry``: say why on stderr, as a raised error would, and exit with code 1."""
+def end_process(message: str, linger: float = 0.0) -> None:
+    """The default ``on_expiry``: say why on stderr, as a raised error would, and exit with code 1.
+
+    ``linger`` seconds pass between the two, for a framework that ends this process its own
+    way once the failed peer exits (paddle's gloo reducer aborts it): the reason is out first.
+    """
     sys.stdout.flush()
     sys.stderr.write(f"drivetrain: DistributedError: {message}\n")
     sys.stderr.flush()
+    if linger > 0:
+        time.sleep(linger)
     os._exit(1)
 
 

@@ -133,7 +133,7 @@ from ._state_codec import (
     tensor_from,
     widened_tensors,
 )
-from ._watchdog import Watchdog
+from ._watchdog import Watchdog, end_process
 
 __all__ = [
     # distributed runs (see drivetrain._spawn): self-launch and naming the rank that failed
@@ -190,6 +190,7 @@ __all__ = [
     "spawn_request",  # how many processes the Trainer must start, and on which device(s)
     "wrapper_options",  # a dict of options for the framework's data-parallel wrapper, checked
     "Watchdog",  # ends the process, naming rank and operation, when a call that waits for the others cannot end
+    "end_process",  # the Watchdog's default end: the reason on stderr, exit code 1 (optionally after a pause)
     # the contract
     "Driver",  # the abstract class every driver subclasses (also drivetrain.Driver)
     "DriverError",  # what a driver raises for a wrong argument (also drivetrain.DriverError)

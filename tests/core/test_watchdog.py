@@ -6,6 +6,8 @@ a fraction of a second, so the whole file takes about a second.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -133,3 +135,18 @@ def test_the_thread_starts_with_the_first_watch_or_start_and_stop_ends_it() -> N
     explicit.stop()
     assert not explicit._thread.is_alive()
     assert [t for t in threading.enumerate() if t.name == "drivetrain-watchdog"] == []
+
+
+@pytest.mark.parametrize("linger", [0.0, 0.5])
+def test_the_default_end_says_why_first_then_exits_with_code_1_after_the_linger(linger) -> None:
+    code = f"from drivetrain.backend import end_process; end_process('barrier() on rank 1 of 2: stuck', linger={linger})"
+    child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stderr.readline()  # out before the pause
+        said = time.monotonic()
+        assert line == "drivetrain: DistributedError: barrier() on rank 1 of 2: stuck\n"
+        assert child.wait(timeout=30) == 1
+        assert time.monotonic() - said >= linger * 0.9
+    finally:
+        child.kill()
+        child.stderr.close()

@@ -33,9 +33,8 @@ naming the failed peer -- is the core's (:class:`drivetrain.backend.DistributedD
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -55,6 +54,7 @@ from drivetrain.backend import (
     FailureBoard,
     ThreadStore,
     Watchdog,
+    end_process,
     flat_buckets,
     settle_at_exit,
     startup_patience,
@@ -71,7 +71,9 @@ __all__ = ["DistributedError", "PaddleDataParallelDriver"]
 _COMM_MARKERS = (*COMM_ERROR_MARKERS, "timeout")  # paddle's gloo says TIMEOUT for a closed peer too
 _THEIRS = "the timeout of the parallel environment you initialised"
 _IN_BACKWARD = "backward (the gradient all-reduce in paddle.DataParallel's reducer)"
-_ABORT_GRACE = 3.0  # a peer that reported its failure exits within ~1 s (FailureBoard.all_failed's grace)
+# Where gloo's reducer may abort this process: say why at once, then give the failed peer (it exits within ~1 s of
+# its report: FailureBoard.all_failed's grace) time to print its traceback and exit, which aborts this process.
+_END_AFTER_GRACE = functools.partial(end_process, linger=3.0)
 
 
 class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
@@ -187,7 +189,7 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         self._store.connect_here()  # now, while every process (and the store's host) is alive
         self._guard.board = FailureBoard(self._store, plan.rank, plan.world_size)
         # gloo's reducer aborts this process as soon as a failed peer exits: name it before then
-        aborts = {"peer_grace": 0.0, "on_expiry": _say_then_end} if plan.overlap and plan.backend == "gloo" else {}
+        aborts = {"peer_grace": 0.0, "on_expiry": _END_AFTER_GRACE} if plan.overlap and plan.backend == "gloo" else {}
         self._watch = Watchdog(plan.rank, plan.world_size, self._wait_limit(), limit=self._timeout_words(_THEIRS),
                                peer_reports=self._guard.reports_now, on_start=self._store.connect_here, **aborts)
         self._watch.start()
@@ -320,13 +322,3 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
             return f"PaddleDataParallelDriver, group sharding level {self.plan.sharding!r}"
         overlap = ", gradients averaged during backward" if self.plan.overlap else ""
         return f"PaddleDataParallelDriver, {'fleet collective' if self.plan.fleet else 'DataParallel'}{overlap}"
-
-
-def _say_then_end(message: str) -> None:
-    """The watchdog's end where gloo's reducer may abort this process: say why at once, then give the failed
-    peer time to print its traceback and exit (which aborts this process), and exit if that did not happen."""
-    sys.stdout.flush()
-    sys.stderr.write(f"drivetrain: DistributedError: {message}\n")
-    sys.stderr.flush()
-    time.sleep(_ABORT_GRACE)
-    os._exit(1)
