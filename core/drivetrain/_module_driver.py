@@ -73,7 +73,9 @@ class ModuleDriver(Driver):
     - ``state_ops``: the backend's state module, with ``model_state(model)``,
       ``load_model_state(model, state)``, ``frozen_parameter_names(model)`` (optional), ``tensor_buffer(tensor)``,
       ``tensors_from_bytes(data)``, ``gradient_state(model)``,
-      ``load_gradient_state(model, grads)`` and ``optimizer_state_for_load(state, where)``.
+      ``load_gradient_state(model, grads)`` and ``optimizer_state_for_load(state, where)``; or, for a
+      backend that keys optimizer state by parameter name itself, ``optimizer_state(model, optimizer, where)``
+      and ``load_optimizer_state(model, optimizer, state, where)``.
     - ``optimizer_load_errors``: the exceptions a framework's ``load_state_dict`` raises for
       a state of other parameter groups (reported with the fix).
     - ``rng_ops``: the backend's RNG module, with ``rng_state()`` and ``load_rng_state(state)``
@@ -378,8 +380,20 @@ class ModuleDriver(Driver):
     def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
         self.state_ops.load_gradient_state(self.unwrap_model(), grads)
 
+    def _optimizer_state(self, optimizer: Any, where: str) -> Any:
+        """``state_ops.optimizer_state(model, optimizer, where)`` where the state module keys optimizer state by
+        parameter name itself (paddle, jittor), else the framework's ``state_dict()``."""
+        by_name = getattr(self.state_ops, "optimizer_state", None)
+        return super()._optimizer_state(optimizer, where) if by_name is None else by_name(
+            self.unwrap_model(), optimizer, where)
+
     def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
-        """Load ``state`` after restoring what saving changed (int parameter keys), naming the fix on a mismatch."""
+        """``state_ops.load_optimizer_state(model, optimizer, state, where)`` where the state module has it;
+        else load ``state`` after restoring what saving changed (int parameter keys), naming the fix on a mismatch."""
+        by_name = getattr(self.state_ops, "load_optimizer_state", None)
+        if by_name is not None:
+            by_name(self.unwrap_model(), optimizer, state, where)
+            return
         prepared = self.state_ops.optimizer_state_for_load(state, where)
         try:
             optimizer.load_state_dict(prepared)

@@ -210,12 +210,6 @@ class PaddleSingleDriver(ModuleDriver):
     def seed(self, seed: int) -> None:
         paddle.seed(seed)  # the CPU generator and every GPU's
 
-    def _optimizer_state(self, optimizer: Any, where: str) -> Any:
-        return _state.optimizer_state(self.unwrap_model(), optimizer, where)
-
-    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
-        _state.load_optimizer_state(self.unwrap_model(), optimizer, state, where)
-
     def rng_state(self) -> dict[str, Any]:
         return _rng.rng_state(include_gpu=self.device.kind == "gpu")
 
