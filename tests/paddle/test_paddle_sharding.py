@@ -83,6 +83,30 @@ def test_sharding_in_one_process_says_to_train_distributed() -> None:
     assert "distributed" in str(caught.value)
 
 
+def test_the_shares_of_an_optimizer_state_merge_back_into_the_whole_state() -> None:
+    """What a stage-2 checkpoint gathers: each process's share of the accumulators (Adam's moments of its own
+    parameters, the same accumulator names on every process) merged into one state, here split on the CPU."""
+    from drivetrain_paddle._sharding import _to_numpy, merged_shares, share_of
+    from drivetrain_paddle.state import optimizer_state
+
+    paddle.seed(0)
+    model = Net()
+    optimizer = paddle.optimizer.AdamW(learning_rate=0.01, parameters=model.parameters())
+    model(paddle.randn([8, 4]), paddle.randint(0, 2, [8]))["loss"].backward()
+    optimizer.step()
+    whole = _to_numpy(optimizer_state(model, optimizer, "optimizer_states()[0]"))
+    shares = [share_of(whole, {"fc1.weight", "fc1.bias"}), share_of(whole, {"fc2.weight", "fc2.bias"})]
+    assert all(len(per) == 2 for share in shares for per in share["accumulators"].values())  # each holds its half
+    merged = merged_shares(shares)
+    assert merged.keys() == whole.keys() and merged["learning_rate"] == whole["learning_rate"]
+    assert merged["accumulators_on_cpu"] == whole["accumulators_on_cpu"]
+    assert {base: sorted(per) for base, per in merged["accumulators"].items()} == {
+        base: sorted(per) for base, per in whole["accumulators"].items()}
+    for base, per in whole["accumulators"].items():
+        for name, value in per.items():
+            np.testing.assert_array_equal(merged["accumulators"][base][name], value)
+
+
 # ---------------------------------------------------------------------------------- GPU
 def _train(out: str, level: str) -> None:
     """2 GPU ranks started by the Trainer: ``level`` ('dp' for plain data parallelism), then a checkpoint."""

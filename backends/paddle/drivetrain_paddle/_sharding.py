@@ -15,7 +15,7 @@ optimizer state of every share into rank 0's copy. Written for GPUs; it has not 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -62,29 +62,42 @@ class GroupSharding:
                 "cannot merge yet; checkpoint the weights with trainer.save_model(), or shard with 'os_g' (stage 2), "
                 "whose checkpoints hold the whole optimizer state."
             )
-        pieces = all_gather(_to_numpy(local))
-        merged: dict[str, Any] = {}
-        for piece in pieces:
-            for key, value in piece.items():
-                if isinstance(value, Mapping):
-                    merged.setdefault(key, {}).update(value)
-                elif isinstance(value, list):
-                    merged[key] = sorted({*merged.get(key, []), *value})
-                else:
-                    merged.setdefault(key, value)
-        return merged
+        return merged_shares(all_gather(_to_numpy(local)))
 
     def local_share(self, state: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
         """The part of a full optimizer state this process's share updates (``names``: paddle name -> structured)."""
         params = getattr(self.inner, "_parameter_list", None) or []
-        own = {names[p.name] for p in params if p.name in names}
-        share = dict(state)
-        for key in ("accumulators",):
-            share[key] = {base: {name: value for name, value in per.items() if name.split("@")[0] in own}
-                          for base, per in state.get(key, {}).items()}
-        if "master_weights" in state:
-            share["master_weights"] = {n: v for n, v in state["master_weights"].items() if n.split("@")[0] in own}
-        return share
+        return share_of(state, {names[p.name] for p in params if p.name in names})
+
+
+def share_of(state: Mapping[str, Any], own: Container[str]) -> dict[str, Any]:
+    """The part of an optimizer state (:func:`drivetrain_paddle.state.optimizer_state`'s layout) that updates the
+    parameters named ``own``: their accumulators and master weights, and everything not per parameter."""
+    share = dict(state)
+    share["accumulators"] = {base: {name: value for name, value in per.items() if name.split("@")[0] in own}
+                             for base, per in state.get("accumulators", {}).items()}
+    if "master_weights" in state:
+        share["master_weights"] = {n: v for n, v in state["master_weights"].items() if n.split("@")[0] in own}
+    return share
+
+
+def merged_shares(shares: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """One optimizer state from every process's share (the inverse of :func:`share_of`): each accumulator and
+    master weight from the share that has it, the names of accumulators kept on the CPU from every share, the
+    rest (the learning rate) from the first."""
+    merged: dict[str, Any] = {}
+    for share in shares:
+        for key, value in share.items():
+            if key == "accumulators":
+                for base, per in value.items():
+                    merged.setdefault(key, {}).setdefault(base, {}).update(per)
+            elif key == "master_weights":
+                merged.setdefault(key, {}).update(value)
+            elif key == "accumulators_on_cpu":
+                merged[key] = list(dict.fromkeys([*merged.get(key, []), *value]))
+            else:
+                merged.setdefault(key, value)
+    return merged
 
 
 def _to_numpy(state: Any) -> Any:
