@@ -36,8 +36,9 @@ CAPABILITIES = Capabilities(
         "distributed": "Data parallel on paddle.distributed, one process per device (gloo on CPU, nccl on GPUs): "
         "paddle.DataParallel, or fleet collective mode with paddle_kwargs={'fleet': True}. Start with python -m "
         "paddle.distributed.launch, or let the Trainer start the processes (device=[0, 1] or nproc=N in python "
-        "train.py), or call init_parallel_env yourself. Gradients are averaged once per optimizer step. A failed "
-        "or stuck peer ends the others within paddle_kwargs['timeout'] (30 s; on CPU gloo's own 30 s limit).",
+        "train.py), or call init_parallel_env yourself. Gradients are averaged during backward with nccl, once per "
+        "optimizer step with gloo (paddle_kwargs['overlap'] chooses). A failed or stuck peer ends the others within "
+        "paddle_kwargs['timeout'] (30 s; on CPU gloo's own 30 s limit).",
         "serialization": "Tensors are saved with safetensors (no pickle); optimizer states are keyed by the "
         "model's structured parameter names, never by paddle's global names such as linear_0.w_0.",
     },
