@@ -108,7 +108,6 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         self.plan = plan
         self._dp: Any = user_dp
         self._store: ThreadStore | None = None
-        self._watch: Watchdog | None = None
         self._guard = CollectiveGuard(plan.rank, plan.world_size, markers=_COMM_MARKERS, error_line=-1,
                                       silent_peer=self._silent_peer)
         self._group: Any = None  # the group gradients are averaged over (None: every process)
@@ -190,10 +189,10 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         self._guard.board = FailureBoard(self._store, plan.rank, plan.world_size)
         # gloo's reducer aborts this process as soon as a failed peer exits: name it before then
         aborts = {"peer_grace": 0.0, "on_expiry": _END_AFTER_GRACE} if plan.overlap and plan.backend == "gloo" else {}
-        self._watch = Watchdog(plan.rank, plan.world_size, self._wait_limit(), limit=self._timeout_words(_THEIRS),
-                               peer_reports=self._guard.reports_now, on_start=self._store.connect_here, **aborts)
-        self._watch.start()
-        self._guard.watch = self._watch.watch
+        watchdog = Watchdog(plan.rank, plan.world_size, self._wait_limit(), limit=self._timeout_words(_THEIRS),
+                            peer_reports=self._guard.reports_now, on_start=self._store.connect_here, **aborts)
+        watchdog.start()
+        self._guard.watch = watchdog.watch  # bounds every collective from now on
 
     def _wait_limit(self) -> float:
         """How long a collective may wait: the timeout, and on CPU never past gloo's own 30 s."""
