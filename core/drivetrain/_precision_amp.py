@@ -64,7 +64,11 @@ def check_scaler_values(options: Mapping[str, Any], described: Mapping[str, str]
     """
     for key, value in options.items():
         words = described[key]
-        if not SCALER_VALUES[words.partition(":")[0]](value):
+        rule = SCALER_VALUES.get(words.partition(":")[0])
+        if rule is None:  # the backend's own mistake, found by its first test
+            raise ValueError(f"check_scaler_values: the description of {key!r} ({words!r}) must start with one of "
+                             f"{list(SCALER_VALUES)} and a colon.")
+        if not rule(value):
             raise DriverError(f"{argument}[{key!r}]={value!r} is not accepted; it must be {words}.")
 
 

@@ -143,6 +143,12 @@ def test_scaler_values_follow_the_rule_their_description_starts_with(key, good, 
             check_scaler_values({key: value}, _SCALER, "solo_kwargs")
 
 
+def test_a_scaler_description_without_a_rule_is_the_backends_mistake() -> None:
+    with pytest.raises(ValueError, match=r"the description of 'scale' \('first scale'\) must start with one of "
+                                         r"\['float > 0', "):
+        check_scaler_values({"scale": 1.0}, {"scale": "first scale"}, "solo_kwargs")
+
+
 def test_rng_state_keys_and_device_counts() -> None:
     check_rng_state_keys({"cpu": 1, "cuda": []}, ("cpu", "cuda"), "torch")
     with pytest.raises(DriverError, match=r"^load_rng_state\(state=\[\]\) needs the dict returned by rng_state\(\), "
