@@ -93,14 +93,16 @@ def check_lrs(lrs: Any, groups: list[int]) -> list[list[float]]:
     return out
 
 
-def checked_cuda_index(given: Any, index: int | None, count: int, current: Callable[[], int]) -> int:
+def checked_cuda_index(given: Any, index: int | None, count: int, current: Callable[[], int], *,
+                       spelling: str = "cuda", noun: str = "CUDA device(s)") -> int:
     """The CUDA device index ``device=given`` names (``current()`` when it names none), refused when it
-    is not one of the ``count`` devices this process sees."""
+    is not one of the ``count`` devices this process sees; the error spells devices as the framework
+    does (``spelling``: ``cuda:1`` for torch, ``gpu:1`` for paddle, whose ``noun`` is ``GPU(s)``)."""
     if index is None:
         index = current()
     if index >= count:
         raise DriverError(
-            f"device={given!r}: cuda:{index} does not exist, this process sees {count} CUDA device(s) "
-            f"(valid: {', '.join(f'cuda:{i}' for i in range(count))}). Check CUDA_VISIBLE_DEVICES."
+            f"device={given!r}: {spelling}:{index} does not exist, this process sees {count} {noun} "
+            f"(valid: {', '.join(f'{spelling}:{i}' for i in range(count))}). Check CUDA_VISIBLE_DEVICES."
         )
     return index

@@ -113,6 +113,10 @@ class ModuleDriver(Driver):
     dataloader_example: str = "a DataLoader(dataset, batch_size=32, shuffle=True)"
     loss_example: str = "torch.nn.functional.cross_entropy(outputs, batch['label'])"
     to_tensor_example: str = "torch.as_tensor(array)"
+    no_grad_advice: str = ": did you compute it under no_grad or detach it? (Also check that the model has " \
+        "trainable parameters.)"
+    """What follows "the model's output 'loss' does not require grad": the framework's words for a tensor
+    cut off from the gradient and the ways that happens (``" (stop_gradient=True): ... paddle.no_grad() ..."``)."""
     state_ops: Any = None
     optimizer_load_errors: tuple[type[BaseException], ...] = (ValueError,)
     rng_ops: Any = None
@@ -238,10 +242,8 @@ class ModuleDriver(Driver):
                 f"the model's output 'loss' is a {type(loss).__name__} ({loss!r:.60}), not a {self.name} tensor; "
                 "return the loss tensor itself (do not call .item() or float() on it)."
             )
-        raise DriverError(
-            "the model's output 'loss' does not require grad: did you compute it under no_grad or detach it? "
-            "(Also check that the model has trainable parameters.)"
-        )
+        self.check_single_value(loss)
+        raise DriverError(f"the model's output 'loss' does not require grad{self.no_grad_advice}")
 
     def check_single_value(self, loss: Any) -> None:
         """A loss with several elements cannot be backpropagated: say how to reduce it."""

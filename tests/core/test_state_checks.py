@@ -173,6 +173,9 @@ def test_checked_cuda_index() -> None:
     with pytest.raises(DriverError, match=r"^device='cuda:2': cuda:2 does not exist, this process sees 2 CUDA "
                                           r"device\(s\) \(valid: cuda:0, cuda:1\)\. Check CUDA_VISIBLE_DEVICES\.$"):
         checked_cuda_index("cuda:2", 2, 2, lambda: 0)
+    with pytest.raises(DriverError, match=r"^device=3: gpu:3 does not exist, this process sees 1 GPU\(s\) \(valid: "
+                                          r"gpu:0\)\. Check CUDA_VISIBLE_DEVICES\.$"):
+        checked_cuda_index(3, 3, 1, lambda: 0, spelling="gpu", noun="GPU(s)")
 
 
 def test_widened_tensors_read_bfloat16_through_float32() -> None:

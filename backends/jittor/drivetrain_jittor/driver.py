@@ -70,6 +70,8 @@ class JittorSingleDriver(ModuleDriver):
     optimizer_type, optimizer_name = jt.optim.Optimizer, "jittor.optim.Optimizer"
     loss_example = "jittor.nn.cross_entropy_loss(outputs, batch['label'])"
     to_tensor_example = "jittor.array(array)"
+    no_grad_advice = (" (stop_grad): was it computed under jt.no_grad(), in eval mode (model.eval() stops the "
+                      "parameters' gradients), or detached?")
     optimizer_example = "jittor.optim.SGD(model.parameters(), lr=0.1)"
     tensor_type = jt.Var
     dataloader_type = jt.dataset.Dataset  # a jittor Dataset is its own loader (set_attrs(batch_size=...))
@@ -114,15 +116,6 @@ class JittorSingleDriver(ModuleDriver):
                         f"{list(param.shape)}; each would add its own gradient step. Give every parameter to one "
                         "optimizer (use param groups for different settings)."
                     )
-
-    def raise_bad_loss(self, loss: Any) -> None:
-        if isinstance(loss, _VAR):
-            self.check_single_value(loss)
-            raise DriverError(
-                "the model's output 'loss' does not require grad (stop_grad): was it computed under jt.no_grad(), "
-                "in eval mode (model.eval() stops the parameters' gradients), or detached?"
-            )
-        super().raise_bad_loss(loss)
 
     def backward(self, loss: Any) -> None:
         """The template's checks and backward in one call: this runs every step."""
@@ -211,12 +204,6 @@ class JittorSingleDriver(ModuleDriver):
     # ---------------------------------------------------------------------- state
     def seed(self, seed: int) -> None:
         _rng.seed_generator(seed)
-
-    def _optimizer_state(self, optimizer: Any, where: str) -> Any:
-        return _state.optimizer_state(self.unwrap_model(), optimizer, where)
-
-    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
-        _state.load_optimizer_state(self.unwrap_model(), optimizer, state, where)
 
     def gradient_state(self) -> dict[str, Any]:  # the gradients live in the optimizers
         return _state.gradient_state(self.unwrap_model(), self.optimizers)

@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 import paddle
 
-from drivetrain.backend import DriverError, batch_mover, first_tensor, parse_device_arg, unknown_device
+from drivetrain.backend import (
+    DriverError,
+    batch_mover,
+    checked_cuda_index,
+    first_tensor,
+    parse_device_arg,
+    unknown_device,
+)
 
 from .plugin import TESTED_PADDLE
 
@@ -92,13 +99,7 @@ def _check_gpu(given: Any, device: Device) -> Device:
             f"device={given!r} asks for a GPU but paddle sees none (CUDA build, 0 devices visible to this "
             "process); check CUDA_VISIBLE_DEVICES and the driver, or use device='cpu'."
         )
-    index = 0 if device.index is None else device.index
-    if index >= count:
-        raise DriverError(
-            f"device={given!r}: gpu:{index} does not exist, this process sees {count} GPU(s) "
-            f"(valid: {', '.join(f'gpu:{i}' for i in range(count))}). Check CUDA_VISIBLE_DEVICES."
-        )
-    return Device("gpu", index)
+    return Device("gpu", checked_cuda_index(given, device.index, count, lambda: 0, spelling="gpu", noun="GPU(s)"))
 
 
 def _movable(value: Any) -> bool:

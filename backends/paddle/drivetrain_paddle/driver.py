@@ -57,6 +57,8 @@ class PaddleSingleDriver(ModuleDriver):
     optimizer_type, optimizer_name = paddle.optimizer.Optimizer, "paddle.optimizer.Optimizer"
     loss_example = "paddle.nn.functional.cross_entropy(outputs, batch['label'])"
     to_tensor_example = "paddle.to_tensor(array)"
+    no_grad_advice = (" (stop_gradient=True): did you compute it under paddle.no_grad() or detach it? (Also check "
+                      "that the model has trainable parameters.)")
     optimizer_example = "paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())"
     tensor_type = paddle.Tensor
     dataloader_type, dataset_type = paddle.io.DataLoader, paddle.io.Dataset
@@ -151,14 +153,6 @@ class PaddleSingleDriver(ModuleDriver):
             raise self.multi_value_error(loss)  # paddle would backpropagate a vector loss silently
         scaler = self.grad_scaler
         (loss if scaler is None else scaler.scale(loss)).backward()
-
-    def raise_bad_loss(self, loss: Any) -> None:
-        if isinstance(loss, paddle.Tensor):
-            raise DriverError(
-                "the model's output 'loss' does not require grad (stop_gradient=True): did you compute it under "
-                "paddle.no_grad() or detach it? (Also check that the model has trainable parameters.)"
-            )
-        super().raise_bad_loss(loss)
 
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:
