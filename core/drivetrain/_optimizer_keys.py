@@ -26,4 +26,5 @@ def optimizer_state_by_index(state: Mapping[str, Any]) -> dict[str, Any]:
     order = [name for group in state["param_groups"] for name in group["params"]]
     index = {name: i for i, name in enumerate(order)}
     return {"state": {index[name]: value for name, value in state["state"].items()},
-            "param_groups": [{**group, "params": [index[n] for n in group["params"]]} for group in state["param_groups"]]}
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                             for group in state["param_groups"]]}

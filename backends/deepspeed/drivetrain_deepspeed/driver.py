@@ -270,7 +270,7 @@ class TorchDeepSpeedDriver(ShardedEngineDriver):
         cast = self._cast
         if cast is None:
             return moved
-        return move_nested(moved, lambda v: isinstance(v, torch.Tensor) and v.is_floating_point(), lambda t: t.to(cast))
+        return move_nested(moved, _is_float_tensor, lambda tensor: tensor.to(cast))
 
     # ---------------------------------------------------------------------- state
     def state_shards(self, *, optimizers: bool) -> StateShards:
@@ -337,3 +337,7 @@ class TorchDeepSpeedDriver(ShardedEngineDriver):
                 "this checkpoint was taken inside a gradient-accumulation cycle (it holds gradients), which "
                 "driver='deepspeed' cannot resume; resume from a checkpoint taken when a cycle ended."
             )
+
+
+def _is_float_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
