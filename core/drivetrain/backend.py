@@ -22,6 +22,7 @@ from ._backend_checks import (
 )
 from ._checkpoint.folder import CheckpointError
 from ._checkpoint.safetensors_writer import array_buffer
+from ._checkpoint.shard_checks import check_shard_model, check_shard_optimizers
 from ._checkpoint.shard_layout import (
     MODEL_PREFIX,
     ShardPiece,
@@ -86,11 +87,13 @@ from ._errors import DistributedError, DriverError
 from ._log import ignore_framework_log_format
 from ._lr_groups import group_multipliers, shared_rate
 from ._module_driver import NULL_CONTEXT, ModuleDriver, call_through_wrapper
+from ._optimizer_keys import optimizer_state_by_index, optimizer_state_by_name
 from ._param_matching import positional_parameters
 from ._plugin_spec import driver_specs_hook
 from ._precision_amp import AmpPrecision, check_scaler_values, no_bf16_error, scaler_options
 from ._rng_states import rng_state_list
 from ._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler, find_reproducible_sampler
+from ._sharded_engine import ShardedEngineMixin
 from ._spawn import (
     LOCALHOST,
     READY_KEY,
@@ -195,6 +198,7 @@ __all__ = [
     "Driver",  # the abstract class every driver subclasses (also drivetrain.Driver)
     "DriverError",  # what a driver raises for a wrong argument (also drivetrain.DriverError)
     "ModuleDriver",  # the template of a driver for a framework with modules, optimizers and dataloaders
+    "ShardedEngineMixin",  # the state rules of a data-parallel driver whose engine shards the model (FSDP, ZeRO)
     "NULL_CONTEXT",  # one shared no-op context manager, for auto_cast / no_sync on the hot path
     "call_through_wrapper",  # a module's training method run inside a wrapper's forward (DDP, sharding, engines)
     "module_driver_factory",  # the plugin's create_driver for a ModuleDriver backend, given its distributed choice
@@ -226,6 +230,8 @@ __all__ = [
     "ShardRead",  # one copy: slices of a stored piece (file, key) into slices of the piece being loaded
     "flat_range_boxes",  # a flat range of a tensor as boxes: pieces for drivers that shard flattened tensors
     "MODEL_PREFIX",  # 'model/': the state keys of model weights in a sharded checkpoint
+    "check_shard_model",  # a sharded checkpoint's model names and shapes against the model's, before any copy
+    "check_shard_optimizers",  # its optimizer metas against each optimizer's param groups (by parameter name)
     "CheckpointError",  # a checkpoint that cannot be loaded (also drivetrain.CheckpointError)
     "bool_option",
     "check_state_names",  # load_model_state's strict name check, with the message every backend gives
@@ -235,6 +241,8 @@ __all__ = [
     "loadable_model_state",  # load_model_state's checks over a whole state, tensors converted and cast
     "loadable_gradients",  # load_gradient_state's checks over all saved gradients, each placed as its parameter needs
     "optimizer_state_for_load",  # an index-keyed optimizer state_dict with int keys again, checked against its groups
+    "optimizer_state_by_name",  # an index-keyed optimizer state keyed by parameter name (sharded engines, files)
+    "optimizer_state_by_index",  # the inverse: by index in the order of the param groups, as one process keys it
     "check_optimizer_state",  # a name-keyed optimizer state must be a mapping with the backend's own entries
     "tensor_from",  # a framework tensor from a tensor or numpy array (what checkpoints hold), else a DriverError
     "gradient_copies",  # host copies of the gradients by parameter name, for gradient_state

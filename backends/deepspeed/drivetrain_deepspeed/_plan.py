@@ -1,6 +1,6 @@
 """Which process layout ``driver="deepspeed"`` asks for, and the DeepSpeed config, checked up front.
 
-The layout is decided as for the torch DDP driver (``wrapper_layout`` of :mod:`drivetrain_torch.extension`: torchrun's or the
+The layout is decided as for the torch DDP driver (``sharded_plan_fields`` of :mod:`drivetrain_torch.extension`: torchrun's or the
 ``deepspeed`` launcher's environment, ``nproc=``/``device=[...]``, or a process group the
 user initialised); one process is allowed too (ZeRO over a world of one: the run a
 checkpoint of several processes resumes on, or a first test of a config). The options come
@@ -21,13 +21,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.backend import (
-    LAUNCH_OPTION_DOCS,
-    DriverError,
-    LauncherEnv,
-    choice_option,
-)
-from drivetrain_torch.extension import DIST_KWARGS, DistPlan, plan_fields, wrapper_layout
+from drivetrain.backend import LAUNCH_OPTION_DOCS, DriverError
+from drivetrain_torch.extension import DIST_KWARGS, ShardedPlan, sharded_plan_fields
 
 OPTIONS = "deepspeed_kwargs"
 CONFIG = f"{OPTIONS}['config']"
@@ -58,35 +53,21 @@ _DRIVETRAIN_OWNS = {
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DeepSpeedPlan(DistPlan):
-    """The DDP plan plus the user's DeepSpeed config (a checked copy; ``{}`` when none was given)."""
+class DeepSpeedPlan(ShardedPlan):
+    """The sharded plan plus the user's DeepSpeed config (a checked copy; ``{}`` when none was given)."""
 
     config: dict[str, Any]
     zero_stage: int
-    state_dict: str = "sharded"
 
 
 def plan_deepspeed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DeepSpeedPlan:
     """The layout of a ``deepspeed`` run: a launcher's, the Trainer's own processes, the user's group, or one."""
-    layout = wrapper_layout(model, device, nproc, options, argument=OPTIONS, wraps_itself=(
+    fields = sharded_plan_fields(model, device, nproc, options, argument=OPTIONS, wraps_itself=(
         "driver='deepspeed' wraps the model in a DeepSpeed engine itself, but the model is a "
         "DistributedDataParallel; pass the bare module (model.module)."))
-    if layout is None:  # one process: a world of one, started by the driver itself
-        single = device[0] if isinstance(device, (list, tuple)) else device
-        return _make_plan("single", single, LauncherEnv(0, 1, 0, 1), model, options)
-    launch, where, env, backend = layout
-    return _make_plan(launch, where, env, model, options, backend=backend)
-
-
-def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],
-               backend: str | None = None) -> DeepSpeedPlan:
-    fields = plan_fields(launch, device, env, model, options, argument=OPTIONS, backend=backend)
     _choose_accelerator(fields["device"])
     config = read_config(options.get("config"))
-    stage = _stage(options, config)
-    return DeepSpeedPlan(**fields, ddp_kwargs={}, config=config, zero_stage=stage,
-                         state_dict=choice_option(options, "state_dict", ("sharded", "full"), "sharded",
-                                                  argument=OPTIONS))
+    return DeepSpeedPlan(**fields, config=config, zero_stage=_stage(options, config))
 
 
 def _choose_accelerator(device: torch.device) -> None:

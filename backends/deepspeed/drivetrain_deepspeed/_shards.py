@@ -25,13 +25,14 @@ import torch
 
 from drivetrain.backend import (
     MODEL_PREFIX,
-    CheckpointError,
     ShardPiece,
     ShardSource,
     StateShards,
+    check_shard_model,
+    check_shard_optimizers,
     flat_range_boxes,
 )
-from drivetrain_torch.extension import ShardReader, check_model, optimizer_key, plain_group
+from drivetrain_torch.extension import ShardReader, optimizer_key, plain_group
 
 from . import _state as _ds
 
@@ -125,10 +126,8 @@ def _optimizer_pieces(engine: Any, params: Mapping[str, torch.nn.Parameter], ord
                       pieces: dict[str, Any]) -> dict[str, Any]:
     """Add the optimizer's ranges to ``pieces``; return its plain data in the torch drivers' shape (rank 0's is
     kept, so it lists every entry, also of parameters rank 0 owns nothing of)."""
-    base = _ds.base_optimizer(engine)
-    hyper = [{k: v for k, v in group.items() if k != "params"} for group in base.param_groups]
-    groups = [plain_group({**h, "params": names}) for h, names in zip(hyper, order, strict=True)]
-    flat_states = [base.state[flat] for flat in _ds.flat_partitions(engine) if flat in base.state]
+    groups = [plain_group(group) for group in _ds.named_groups(engine, order)]
+    flat_states = _ds.flat_optimizer_states(engine)
     tensors: dict[str, list[str]] = {}
     values: dict[str, dict[str, Any]] = {}
     for name in (name for names in order for name in names):
@@ -157,8 +156,8 @@ def load_state_shards(engine: Any, source: ShardSource, with_optimizers: bool, o
     module = engine.module
     params, buffers = _model_names(module)
     shapes = {name: torch.empty(getattr(p, "ds_shape", p.shape), device="meta") for name, p in params}
-    check_model({**shapes, **buffers}, source)
-    meta = _check_optimizer(source, order) if with_optimizers and order else None
+    check_shard_model({**shapes, **buffers}, source)
+    meta = check_shard_optimizers(source, [order])[0] if with_optimizers and order else None
     with contextlib.ExitStack() as files, torch.no_grad():
         reader = ShardReader(files)
         for name, param in params:
@@ -168,23 +167,6 @@ def load_state_shards(engine: Any, source: ShardSource, with_optimizers: bool, o
             reader.fill(source, MODEL_PREFIX + name, buffer)
         if meta is not None:
             _load_optimizer(engine, source, reader, meta, dict(params))
-
-
-def _check_optimizer(source: ShardSource, order: list[list[str]]) -> Mapping[str, Any]:
-    metas = source.meta.get("optimizers") if isinstance(source.meta, dict) else None
-    if not isinstance(metas, list) or len(metas) != 1:
-        raise CheckpointError(
-            f"{source.folder} holds {len(metas) if isinstance(metas, list) else 'no'} optimizer state(s); "
-            "driver='deepspeed' trains with one optimizer. Pass the optimizers of the run that saved it."
-        )
-    saved = [list(g["params"]) for g in metas[0]["param_groups"]]
-    if saved != order:
-        raise CheckpointError(
-            f"{source.folder}: the optimizer was saved over other parameters or groups (saved groups "
-            f"{[len(g) for g in saved]} parameters, this one {[len(g) for g in order]}); build the optimizer over the "
-            "same parameters, in the same groups, as the run that saved it. Nothing was loaded."
-        )
-    return metas[0]
 
 
 def _load_parameter(reader: ShardReader, source: ShardSource, key: str, param: torch.nn.Parameter) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.backend import DriverError
+from drivetrain.backend import DriverError, optimizer_state_by_index
 
 
 def _zero3(param: torch.nn.Parameter) -> bool:
@@ -132,26 +132,36 @@ def full_optimizer_state(engine: Any, order: list[list[str]]) -> dict[str, Any]:
     """
     from deepspeed.utils import safe_get_full_optimizer_state
 
-    base = base_optimizer(engine)
-    groups = [{key: value for key, value in group.items() if key != "params"} for group in base.param_groups]
-    flat_states = [base.state[p] for p in flat_partitions(engine) if p in base.state]
-    indices = [list(range(sum(map(len, order[:i])), sum(map(len, order[:i + 1])))) for i in range(len(order))]
-    param_groups = [{**hyper, "params": ids} for hyper, ids in zip(groups, indices, strict=True)]
+    flat_states = flat_optimizer_states(engine)
+    groups = named_groups(engine, order)
     if not flat_states:
-        return {"state": {}, "param_groups": param_groups}
+        return optimizer_state_by_index({"state": {}, "param_groups": groups})
     keys = [key for key, value in flat_states[0].items() if torch.is_tensor(value) and value.dim() > 0]
     scalars = {key: value for key, value in flat_states[0].items() if key not in keys}
     params = dict(engine.module.named_parameters())
-    state: dict[int, dict[str, Any]] = {}
-    for index, name in enumerate(name for names in order for name in names):
+    state: dict[str, dict[str, Any]] = {}  # by parameter name, in the order of the groups
+    for name in (name for names in order for name in names):
         param = params[name]
         if not param.requires_grad:
             continue
         entry = {key: _copy(value) for key, value in scalars.items()}
         for key in keys:
             entry[key] = safe_get_full_optimizer_state(param, key).detach().to("cpu", copy=True)
-        state[index] = entry
-    return {"state": state, "param_groups": param_groups}
+        state[name] = entry
+    return optimizer_state_by_index({"state": state, "param_groups": groups})
+
+
+def named_groups(engine: Any, order: list[list[str]]) -> list[dict[str, Any]]:
+    """The base optimizer's param groups, each with the names of the user's parameters it holds."""
+    groups = base_optimizer(engine).param_groups
+    return [{**{k: v for k, v in group.items() if k != "params"}, "params": names}
+            for group, names in zip(groups, order, strict=True)]
+
+
+def flat_optimizer_states(engine: Any) -> list[dict[str, Any]]:
+    """The base optimizer's state of each flat partition (none before its first step)."""
+    base = base_optimizer(engine)
+    return [base.state[flat] for flat in flat_partitions(engine) if flat in base.state]
 
 
 def _copy(value: Any) -> Any:

@@ -31,15 +31,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from drivetrain.backend import DriverError, ShardSource, StateShards, loadable_model_state
+from drivetrain.backend import DriverError, ShardSource, StateShards, loadable_model_state, move_nested
 from drivetrain_torch.extension import (
     PRECISION_DTYPES,
+    ShardedEngineDriver,
     TorchDDPDriver,
     as_tensor,
     call_through_wrapper,
@@ -71,12 +72,13 @@ class _ConfigOptimizer:
         return f"<the optimizer of {CONFIG}['optimizer'], built when the engine starts>"
 
 
-class TorchDeepSpeedDriver(TorchDDPDriver):
+class TorchDeepSpeedDriver(ShardedEngineDriver):
     """Drives one rank of a DeepSpeed ZeRO run (built by :data:`.factory.create_driver` from a :class:`DeepSpeedPlan`)."""
 
     name = "deepspeed"
     capabilities = CAPABILITIES
-    checkpoint_format = "torch"  # the torch drivers' checkpoints: loads into driver="torch" and back
+    gradients_held = "ZeRO holds the partly reduced gradients in its own buffers"
+    full_state_errors = (IndexError, KeyError, ValueError, RuntimeError)
     reads_state_shards = True  # any stage reads only the ranges it owns
     accepted_kwargs: Mapping[str, str] = DEEPSPEED_KWARGS
     not_here_kwargs: Mapping[str, str] = {
@@ -95,13 +97,11 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         self._from_config = "optimizer" in plan.config
         self._order: list[list[str]] = []
         self._dtypes: dict[str, torch.dtype] = {}
-        self._gathered: tuple[dict[str, Any], list[Any]] | None = None
-        self._summoned: contextlib.ExitStack | None = None
+        self._eval_params: contextlib.ExitStack | None = None  # the ZeRO-3 parameters gathered for evaluation
         self._micro_batches = 0  # backward calls since the last step
         self._checked_cycle = False
         self._cast = PRECISION_DTYPES.get(self.precision)
         self._check_precision()
-        self.shards_state = plan.state_dict == "sharded"
 
     def configure(self, options: dict[str, Any]) -> None:
         """No autocast and no GradScaler: DeepSpeed runs the model in its precision and scales fp16 losses."""
@@ -129,8 +129,7 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
     def describe(self) -> str:
         import deepspeed
 
-        described = super().describe().replace(f" {self.name}=", " torch=")
-        return f"{described} deepspeed={deepspeed.__version__} zero_stage={self.plan.zero_stage}"
+        return f"{super().describe()} deepspeed={deepspeed.__version__} zero_stage={self.plan.zero_stage}"
 
     # --------------------------------------------------------------- optimisation
     def set_optimizers(self, optimizers: Any) -> None:
@@ -190,14 +189,6 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
     def no_sync(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # accumulation never reduces before step(): see the module docstring
 
-    @contextlib.contextmanager
-    def _peer_failures(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except (RuntimeError, dist.DistError) as exc:
-            self._guard.raise_peer_failure(exc, what)
-            raise
-
     # ------------------------------------------------------------------ lifecycle
     def _join(self) -> None:
         """Join the process group, take rank 0's weights, build the DeepSpeed engine."""
@@ -246,18 +237,20 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
 
         return call, signature
 
-    def set_model_mode(self, mode: str) -> None:
-        """``eval`` gathers the ZeRO-3 parameters until ``train`` (see the module docstring)."""
-        super(TorchDDPDriver, self).set_model_mode(mode)
-        if self.engine is None or self.plan.zero_stage != 3:
-            return
-        if mode == "eval" and self._summoned is None:
+    def _engine_started(self) -> bool:
+        return self.engine is not None
+
+    def _gather_parameters(self) -> None:
+        """ZeRO-3's parameters, whole (ZeRO-1/2 keep them whole already)."""
+        if self.plan.zero_stage == 3:
             stack = contextlib.ExitStack()
             with self._collective("gathering the ZeRO-3 parameters for evaluation"):
                 stack.enter_context(_ds.gathered(list(self.model.parameters())))
-            self._summoned = stack
-        elif mode == "train" and self._summoned is not None:
-            stack, self._summoned = self._summoned, None
+            self._eval_params = stack
+
+    def _release_parameters(self) -> None:
+        stack, self._eval_params = self._eval_params, None
+        if stack is not None:
             with self._collective("releasing the gathered ZeRO-3 parameters"):
                 stack.close()
 
@@ -272,15 +265,19 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         return super().set_dist_repro_dataloader(dataloader, dist=dist, reproducible=reproducible)
 
     def move_data_to_device(self, batch: Any) -> Any:
+        """Floating-point tensors in the engine's dtype too (its weights are in it)."""
         moved = move_to_device(batch, self.device, self.non_blocking)
-        return moved if self._cast is None else _cast_floats(moved, self._cast)
+        cast = self._cast
+        if cast is None:
+            return moved
+        return move_nested(moved, _is_float_tensor, lambda tensor: tensor.to(cast))
 
     # ---------------------------------------------------------------------- state
     def state_shards(self, *, optimizers: bool) -> StateShards:
         """Every rank: its own ranges of the weights (and optimizer state), nothing gathered."""
         if self.engine is None:
             return super().state_shards(optimizers=optimizers)
-        with self._released(), self._collective("writing the ZeRO partitions"):
+        with self._kept_summon(), self._collective("writing the ZeRO partitions"):
             order = self._order if optimizers and self._has_optimizer() else []
             return _dss.state_shards(self.engine, self._dtypes, order, self.rank)
 
@@ -289,61 +286,29 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
         if self.engine is None:
             super().load_state_shards(source, optimizers=optimizers)
             return
-        with self._released(), self._collective("loading a sharded checkpoint"):
+        with self._kept_summon(), self._collective("loading a sharded checkpoint"):
             _dss.load_state_shards(self.engine, source, optimizers, self._order if self._has_optimizer() else [])
 
-    @contextlib.contextmanager
-    def gathering_state(self) -> Iterator[None]:
-        """Every rank: assemble the full model and optimizer state; rank 0 keeps it for the save."""
-        if self.engine is None or self.shards_state:
-            yield
-            return
-        with self._released(), self._collective("gathering the ZeRO model and optimizer state"):
+    def _gather_full_state(self) -> tuple[dict[str, Any], list[Any]]:
+        """Assembled on every rank; rank 0 keeps it for the save."""
+        with self._collective("gathering the ZeRO model and optimizer state"):
             model = _ds.full_model_state(self.model, self._dtypes)
-            optimizers = [_ds.full_optimizer_state(self.engine, self._order)] if self._has_optimizer() else []
-        self._gathered = (model, optimizers) if self.is_global_zero else ({}, [{}] * len(optimizers))
-        try:
-            yield
-        finally:
-            self._gathered = None
-
-    @contextlib.contextmanager
-    def _released(self) -> Iterator[None]:
-        """Parameters gathered for evaluation are released while the state is read, and gathered again after."""
-        summoned = self._summoned is not None
-        if summoned:
-            self.set_model_mode("train")
-        try:
-            yield
-        finally:
-            if summoned:
-                self.set_model_mode("eval")
+            optimizers = self._full_optimizer_states()
+        return (model, optimizers) if self.is_global_zero else ({}, [{}] * len(optimizers))
 
     def _has_optimizer(self) -> bool:
         return self.engine is not None and self.engine.optimizer is not None and bool(self._order)
 
-    def model_state(self) -> dict[str, Any]:
-        """Full tensors: rank 0's copy inside :meth:`gathering_state`, else assembled now on every rank (a
-        collective: every rank must call it)."""
-        if self._gathered is not None:
-            return self._gathered[0]
-        if self.engine is None:
-            return super().model_state()
-        with self._released(), self._collective("gathering the full model state"):
-            return _ds.full_model_state(self.model, self._dtypes)
+    def _full_model_state(self) -> dict[str, Any]:
+        return _ds.full_model_state(self.model, self._dtypes)
 
-    def load_model_state(self, state: Mapping[str, Any]) -> None:
-        """Every rank gets the full state (each read the file) and keeps its own piece of it."""
-        if self.engine is None:
-            super().load_model_state(state)
-            return
+    def _load_full_model_state(self, state: Mapping[str, Any]) -> None:
         expected = {name: torch.empty(0) for name in self._dtypes}
         expected.update({name: b for name, b in self.model.named_buffers()})
         tensors = loadable_model_state(state, expected, type(self.model).__name__, as_tensor=as_tensor,
                                        shape=lambda t: None)
-        with self._released():
-            self._check_shapes(tensors)
-            _ds.load_full_model_state(self.model, tensors)
+        self._check_shapes(tensors)
+        _ds.load_full_model_state(self.model, tensors)
 
     def _check_shapes(self, tensors: Mapping[str, torch.Tensor]) -> None:
         for name, param in self.model.named_parameters(remove_duplicate=False):
@@ -354,36 +319,17 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
                     f"the model {type(self.model).__name__}; load a checkpoint of the same model."
                 )
 
-    def optimizer_states(self) -> list[Any]:
-        if self._gathered is not None:
-            return self._gathered[1]
-        if not self._has_optimizer():
-            return super().optimizer_states() if self.engine is None else []
-        with self._collective("gathering the full optimizer state"):
-            return [_ds.full_optimizer_state(self.engine, self._order)]
+    def _full_optimizer_states(self) -> list[Any]:
+        return [_ds.full_optimizer_state(self.engine, self._order)] if self._has_optimizer() else []
 
-    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
-        if self.engine is None:
-            super()._load_optimizer_state(optimizer, state, where)
-            return
-        prepared = self.state_ops.optimizer_state_for_load(state, where)
-        try:
-            _ds.load_full_optimizer_state(self.engine, self._order, prepared, where)
-        except (IndexError, KeyError, ValueError, RuntimeError) as exc:
-            raise DriverError(
-                f"load_optimizer_states: {where} does not fit this optimizer ({type(exc).__name__}: {exc}); build "
-                "the optimizer over the same parameters, in the same groups, as the run that saved the checkpoint."
-            ) from exc
+    def _load_full_optimizer_state(self, optimizer: Any, prepared: Mapping[str, Any], where: str) -> None:
+        _ds.load_full_optimizer_state(self.engine, self._order, prepared, where)
 
-    def gradient_state(self) -> dict[str, Any]:
-        """Between accumulation cycles there are no gradients; inside one they live in ZeRO's buffers (refused)."""
-        if self._micro_batches:
-            raise DriverError(
-                "driver='deepspeed' cannot checkpoint inside a gradient-accumulation cycle (ZeRO holds the "
-                "partly reduced gradients in its own buffers); save when a cycle ends, e.g. every N batches with N "
-                "a multiple of accumulation_steps."
-            )
-        return {}
+    def _accumulating(self) -> bool:
+        return bool(self._micro_batches)
+
+    def _engine_gradients(self) -> dict[str, Any]:
+        return {}  # between accumulation cycles ZeRO holds no gradients
 
     def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
         if grads:
@@ -393,13 +339,5 @@ class TorchDeepSpeedDriver(TorchDDPDriver):
             )
 
 
-def _cast_floats(batch: Any, dtype: torch.dtype) -> Any:
-    """Floating-point tensors of a nested dict/list/tuple batch in the engine's dtype (its weights are in it)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(dtype) if batch.is_floating_point() else batch
-    if isinstance(batch, Mapping):
-        return type(batch)({key: _cast_floats(value, dtype) for key, value in batch.items()})
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(_cast_floats(value, dtype) for value in batch)
-    return batch
-
+def _is_float_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point()

@@ -44,13 +44,14 @@ def resolve_device(device: Any, model: torch.nn.Module) -> torch.device:
                 f"driver supports {', '.join(SUPPORTED_TYPES)}. Pass device='cpu' or device='cuda'."
             )
     else:
-        resolved = _parse(device)
+        resolved = parse_device(device)
     if resolved.type == "cuda":
         resolved = _check_cuda(device, resolved)
     return resolved
 
 
-def _parse(device: Any) -> torch.device:
+def parse_device(device: Any) -> torch.device:
+    """The ``torch.device`` a ``device=`` spelling names (cpu or cuda, the index as given), or a DriverError."""
     parsed = parse_device_arg(device, ACCEPTED)
     if parsed is not None:
         return torch.device(*parsed)

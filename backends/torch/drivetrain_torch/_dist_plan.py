@@ -28,6 +28,7 @@ from drivetrain.backend import (
     LauncherVars,
     check_layout_arguments,
     check_process_count,
+    choice_option,
     env_int,
     env_master,
     plan_options,
@@ -38,7 +39,7 @@ from drivetrain.backend import (
 )
 from drivetrain.backend import DistPlan as _CorePlan
 
-from ._device import model_device, resolve_device
+from ._device import model_device, parse_device, resolve_device
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -68,6 +69,15 @@ class DistPlan(_CorePlan):
 
     device: torch.device
     ddp_kwargs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShardedPlan(DistPlan):
+    """The plan of a driver whose engine shards the model (FSDP, ZeRO): ``state_dict`` says how checkpoints are
+    written, ``"sharded"`` (every rank its own pieces) or ``"full"`` (gathered, rank 0 writes one file)."""
+
+    ddp_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    state_dict: str = "sharded"
 
 
 def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
@@ -103,10 +113,11 @@ def existing_group(nproc: Any, options: Mapping[str, Any], argument: str) -> tup
 
 
 def wrapper_layout(model: Any, device: Any, nproc: Any, options: Mapping[str, Any], *, argument: str,
-                   wraps_itself: str) -> tuple[str, Any, LauncherEnv, str | None] | None:
+                   wraps_itself: str) -> tuple[str, Any, LauncherEnv, str | None]:
     """``(launch, device, env, backend)`` for a driver that wraps the bare module itself (FSDP, an engine): the
-    group the user initialised, or the launcher's layout; None for one process. A DistributedDataParallel model
-    is refused with ``wraps_itself`` (what the driver does instead, and the fix)."""
+    group the user initialised, the launcher's layout, or one process (``"single"``: a world of one, whose group
+    the driver starts itself). A DistributedDataParallel model is refused with ``wraps_itself`` (what the driver
+    does instead, and the fix)."""
     check_layout_arguments(nproc, device)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise DriverError(wraps_itself)
@@ -116,7 +127,9 @@ def wrapper_layout(model: Any, device: Any, nproc: Any, options: Mapping[str, An
         env, backend = existing_group(nproc, options, argument)
         return "existing", DEVICES.default(model) if device is None else device, env, backend
     launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model, spawned=SPAWN_PARENT_ENV in os.environ)
-    return None if launch is None else (*launch, None)
+    if launch is None:
+        return "single", device[0] if isinstance(device, (list, tuple)) else device, LauncherEnv(0, 1, 0, 1), None
+    return (*launch, None)
 
 
 def plan_fields(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any], *,
@@ -130,6 +143,17 @@ def plan_fields(launch: str, device: Any, env: LauncherEnv, model: Any, options:
     return {"launch": launch, "world_size": env.world_size, "rank": env.rank, "local_rank": env.local_rank,
             "device": resolved, "backend": backend, "master": master,
             **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=argument)}
+
+
+def sharded_plan_fields(model: Any, device: Any, nproc: Any, options: Mapping[str, Any], *, argument: str,
+                        wraps_itself: str) -> dict[str, Any]:
+    """The :class:`ShardedPlan` fields of this rank for a driver that shards the bare module itself: its layout
+    (:func:`wrapper_layout`), :func:`plan_fields`, and ``argument['state_dict']``."""
+    launch, where, env, backend = wrapper_layout(model, device, nproc, options, argument=argument,
+                                                 wraps_itself=wraps_itself)
+    fields = plan_fields(launch, where, env, model, options, argument=argument, backend=backend)
+    return {**fields, "state_dict": choice_option(options, "state_dict", ("sharded", "full"), "sharded",
+                                                  argument=argument)}
 
 
 def _existing_plan(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan:
@@ -190,26 +214,16 @@ def _cuda(given: Any, model: Any, index: int, processes: int) -> torch.device:
 
 
 def _parse_listed(item: Any, given: str) -> torch.device:
+    """One entry of a device list: the rules of ``device=`` (:func:`._device.parse_device`), the error prefixed by the
+    whole list (a GPU without its index is refused with the list, by the core)."""
     if isinstance(item, bool) or not isinstance(item, (int, str, torch.device)):
         raise DriverError(
             f"{given}: {item!r} is not a device; list GPU indices ([0, 1]), 'cuda:N' strings or torch.devices."
         )
-    if isinstance(item, int):
-        if item < 0:
-            raise DriverError(f"{given}: GPU index {item} must be >= 0.")
-        return torch.device("cuda", item)
-    text = item.strip().lower() if isinstance(item, str) else str(item)
-    if text == "gpu" or text.startswith("gpu:"):
-        text = "cuda" + text[3:]
     try:
-        parsed = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise DriverError(f"{given}: {item!r} is not a device torch understands; list GPU indices such as [0, 1].") from None
-    if parsed.type not in ("cpu", "cuda"):
-        raise DriverError(f"{given}: {item!r} is a {parsed.type!r} device; the torch driver supports cpu and cuda.")
-    if parsed.type == "cuda" and parsed.index is None:
-        raise DriverError(f"{given}: {item!r} has no GPU index; list explicit GPUs such as [0, 1] or 'cuda:0'.")
-    return parsed
+        return parse_device(item)
+    except DriverError as exc:
+        raise DriverError(f"{given}: {exc}") from None
 
 
 def _check_listed(parsed: list[torch.device], given: str) -> None:

@@ -16,15 +16,9 @@ from typing import Any
 
 import torch
 
-from drivetrain.backend import (
-    LAUNCH_OPTION_DOCS,
-    DriverError,
-    LauncherEnv,
-    bool_option,
-    choice_option,
-)
+from drivetrain.backend import LAUNCH_OPTION_DOCS, DriverError, bool_option
 
-from ._dist_plan import DIST_KWARGS, DistPlan, plan_fields, wrapper_layout
+from ._dist_plan import DIST_KWARGS, ShardedPlan, sharded_plan_fields
 
 OPTIONS = "torch_fsdp_kwargs"
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -59,33 +53,22 @@ WrapPolicy = Callable[[str, torch.nn.Module], bool]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FSDPPlan(DistPlan):
-    """The DDP plan plus the sharding options (``wrap`` is None for the default block rule)."""
+class FSDPPlan(ShardedPlan):
+    """The sharded plan plus FSDP's options (``wrap`` is None for the default block rule)."""
 
     wrap: tuple[Any, ...] | WrapPolicy | None = None
     mixed_precision: Any = None
     cpu_offload: bool = False
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True
-    state_dict: str = "sharded"
     init: Callable[[torch.nn.Module], None] | None = None
 
 
 def plan_fsdp(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> FSDPPlan:
     """The layout of a ``torch_fsdp`` run: a launcher's, the Trainer's own processes, the user's group, or one."""
-    layout = wrapper_layout(model, device, nproc, options, argument=OPTIONS, wraps_itself=(
+    fields = sharded_plan_fields(model, device, nproc, options, argument=OPTIONS, wraps_itself=(
         "driver='torch_fsdp' shards the model itself, but the model is a DistributedDataParallel; pass the "
         "bare module (model.module), or use driver='torch' to train with your DDP wrapper."))
-    if layout is None:  # one process: a world of one (shards of the whole), started by the driver itself
-        single = device[0] if isinstance(device, (list, tuple)) else device
-        return _make_plan("single", single, LauncherEnv(0, 1, 0, 1), model, options)
-    launch, where, env, backend = layout
-    return _make_plan(launch, where, env, model, options, backend=backend)
-
-
-def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],
-               backend: str | None = None) -> FSDPPlan:
-    fields = plan_fields(launch, device, env, model, options, argument=OPTIONS, backend=backend)
     offload = bool_option(options, "cpu_offload", False, argument=OPTIONS)
     if offload and fields["device"].type != "cuda":
         raise DriverError(
@@ -93,11 +76,10 @@ def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: 
             f"{fields['device']}; remove it (on the CPU the shards already are in CPU memory), or train on GPUs."
         )
     return FSDPPlan(
-        **fields, ddp_kwargs={}, wrap=_wrap_option(options.get("wrap"), model),
+        **fields, wrap=_wrap_option(options.get("wrap"), model),
         mixed_precision=_precision_option(options.get("mixed_precision")), cpu_offload=offload,
         activation_checkpointing=bool_option(options, "activation_checkpointing", False, argument=OPTIONS),
         reshard_after_forward=bool_option(options, "reshard_after_forward", True, argument=OPTIONS),
-        state_dict=choice_option(options, "state_dict", ("sharded", "full"), "sharded", argument=OPTIONS),
         init=_init_option(options.get("init")),
     )
 

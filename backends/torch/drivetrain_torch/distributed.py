@@ -188,14 +188,8 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
         """The model below DDP (possibly ``torch.compile``-d): what evaluation calls."""
         return self.model.module if self._user_ddp else self.model
 
-    def unwrap_model(self) -> torch.nn.Module:
-        model = self._bare_module()
-        while isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = model._orig_mod
-        return model
-
     def _wrapped_model_call(self) -> Any:
-        return self._bare_module()
+        return self._bare_module()  # also where unwrap_model starts
 
     def get_model_call_fn(self, fn_name: str | None, default: str = "train_step") -> tuple[Callable, Callable]:
         """Training (``default='train_step'``) goes through DDP; evaluation calls the bare module."""

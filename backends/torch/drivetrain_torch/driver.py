@@ -84,8 +84,9 @@ class TorchSingleDriver(ModuleDriver):
 
     # ---------------------------------------------------------------------- model
     def unwrap_model(self) -> torch.nn.Module:
-        """The user's module, looking through ``torch.compile`` wrappers."""
-        model = self.model
+        """The user's module: the one the forward is called on (the model, or the module inside the user's DDP),
+        looking through ``torch.compile`` wrappers."""
+        model = self._wrapped_model_call()
         while isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
             model = model._orig_mod
         return model

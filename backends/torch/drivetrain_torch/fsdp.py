@@ -43,13 +43,22 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from drivetrain.backend import DriverError, ShardSource, StateShards, loadable_model_state
+from drivetrain.backend import (
+    DriverError,
+    ShardSource,
+    StateShards,
+    gradient_copies,
+    loadable_model_state,
+    optimizer_state_by_index,
+    optimizer_state_by_name,
+)
 
 from . import shards as _shards
 from ._fsdp_plan import FSDP_KWARGS, OPTIONS, FSDPPlan
 from .distributed import TorchDDPDriver
 from .driver import FRAMEWORK_KWARGS
 from .precision import PRECISION_DTYPES
+from .sharded_engine import ShardedEngineDriver
 from .state import as_tensor
 
 __all__ = ["TorchFSDPDriver"]
@@ -59,11 +68,11 @@ _FULL = StateDictOptions(full_state_dict=True)
 _TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class TorchFSDPDriver(TorchDDPDriver):
+class TorchFSDPDriver(ShardedEngineDriver):
     """Drives one rank of an FSDP2 run (built by ``create_fsdp_driver`` from a :class:`FSDPPlan`)."""
 
     name = "torch_fsdp"
-    checkpoint_format = "torch"  # the torch drivers' checkpoints: loads into driver="torch" and back
+    gradients_held = "FSDP holds the unreduced gradients itself"
     accepted_kwargs: Mapping[str, str] = {**FRAMEWORK_KWARGS, **FSDP_KWARGS}
     not_here_kwargs: Mapping[str, str] = {
         "ddp_kwargs": "configures DistributedDataParallel, which driver='torch_fsdp' does not use; remove it and "
@@ -75,15 +84,9 @@ class TorchFSDPDriver(TorchDDPDriver):
     def __init__(self, model: Any, plan: FSDPPlan, **options: Any) -> None:
         super().__init__(model, plan, **options)
         self._sharded = False
-        self._summoned = False
         self._unsynced = False  # a backward ran without the gradient reduce-scatter since the last step
-        self._gathered: tuple[dict[str, Any], list[Any]] | None = None
         self._registered: dict[str, Callable] = {}
         self._mp_policy = _mixed_precision(plan.mixed_precision, self.precision)
-        self.shards_state = plan.state_dict == "sharded"
-
-    def describe(self) -> str:
-        return super().describe().replace(f" {self.name}=", " torch=")
 
     # ------------------------------------------------------------------ lifecycle
     def _join(self) -> None:
@@ -178,22 +181,13 @@ class TorchFSDPDriver(TorchDDPDriver):
         fn, _ = super(TorchDDPDriver, self).get_model_call_fn(fn_name, default)
         return fn, self._registered[name]
 
-    def set_model_mode(self, mode: str) -> None:
-        """``eval`` gathers the full parameters until ``train`` (see the module docstring)."""
-        super(TorchDDPDriver, self).set_model_mode(mode)
-        if not self._sharded:
-            return
-        if mode == "eval":
-            self._summon()
-        else:
-            self._release()
+    def _engine_started(self) -> bool:
+        return self._sharded
 
     def _fsdp_modules(self) -> list[FSDPModule]:
         return [m for m in self.model.modules() if isinstance(m, FSDPModule)]
 
-    def _summon(self) -> None:
-        if self._summoned:
-            return
+    def _gather_parameters(self) -> None:
         root = self.model
         lazy_init = getattr(root._get_fsdp_state(), "_lazy_init", None)
         if lazy_init is not None:
@@ -202,17 +196,13 @@ class TorchFSDPDriver(TorchDDPDriver):
             root.set_reshard_after_forward(False)
             for module in self._fsdp_modules():
                 module.unshard()
-        self._summoned = True
 
-    def _release(self) -> None:
-        if not self._summoned:
-            return
+    def _release_parameters(self) -> None:
         for module in self._fsdp_modules():
             module.reshard()
         root = self.model
         root.set_reshard_after_forward(self.plan.reshard_after_forward)
         root.set_reshard_after_forward(False, recurse=False)  # FSDP's own default for the root
-        self._summoned = False
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         return self._no_sync() if self._sharded else contextlib.nullcontext()
@@ -236,11 +226,8 @@ class TorchFSDPDriver(TorchDDPDriver):
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     def backward(self, loss: Any) -> None:
-        try:
-            super().backward(loss)
-        except RuntimeError as exc:
-            self._guard.raise_peer_failure(exc, "backward (the gradient reduce-scatter)")
-            raise
+        with self._peer_failures("backward (the gradient reduce-scatter)"):
+            super(TorchDDPDriver, self).backward(loss)
 
     # ---------------------------------------------------------------------- state
     def state_shards(self, *, optimizers: bool) -> StateShards:
@@ -253,113 +240,46 @@ class TorchFSDPDriver(TorchDDPDriver):
         with self._kept_summon(), self._collective("loading a sharded checkpoint"):
             _shards.load_state_shards(self.unwrap_model(), self.optimizers, source, optimizers)
 
-    @contextlib.contextmanager
-    def gathering_state(self) -> Iterator[None]:
-        """Every rank (``state_dict='full'`` saves): gather the full model and optimizer state into rank 0's
-        CPU memory for the save."""
-        if not self._sharded or self.shards_state:
-            yield
-            return
-        with self._kept_summon(), self._collective("gathering the sharded model and optimizer state to rank 0"):
+    def _gather_full_state(self) -> tuple[dict[str, Any], list[Any]]:
+        """Into rank 0's CPU memory (``full_state_dict=True, cpu_offload=True``)."""
+        with self._collective("gathering the sharded model and optimizer state to rank 0"):
             model = dict(get_model_state_dict(self.model, options=_TO_RANK0))
-            optimizers = [self._full_optimizer_state(opt, _TO_RANK0) for opt in self.optimizers]
-        self._gathered = (model, optimizers)
-        try:
-            yield
-        finally:
-            self._gathered = None
+            return model, [self._full_optimizer_state(opt, _TO_RANK0) for opt in self.optimizers]
 
-    @contextlib.contextmanager
-    def _kept_summon(self) -> Iterator[None]:
-        """FSDP reshards before reading the state; gather again afterwards if evaluation had gathered."""
-        summoned = self._summoned
-        self._release()
-        try:
-            yield
-        finally:
-            if summoned:
-                self._summon()
+    def _full_model_state(self) -> dict[str, Any]:
+        return dict(get_model_state_dict(self.model, options=_FULL))
 
-    def model_state(self) -> dict[str, Any]:
-        """Full tensors: rank 0's gathered copy inside :meth:`gathering_state`, else gathered on every rank now
-        (a collective: every rank must call it)."""
-        if self._gathered is not None:
-            return self._gathered[0]
-        if not self._sharded:
-            return super().model_state()
-        with self._kept_summon(), self._collective("gathering the full model state"):
-            return dict(get_model_state_dict(self.model, options=_FULL))
+    def _load_full_model_state(self, state: Mapping[str, Any]) -> None:
+        tensors = loadable_model_state(state, self.model.state_dict(), type(self.model).__name__,
+                                       as_tensor=as_tensor, shape=lambda t: tuple(t.shape))
+        with self._collective("loading the model state into the shards"):
+            set_model_state_dict(self.model, tensors, options=_FULL)
 
-    def load_model_state(self, state: Mapping[str, Any]) -> None:
-        """Every rank gets the full state (each read the file) and keeps its own shard of it."""
-        if not self._sharded:
-            super().load_model_state(state)
-            return
-        with self._kept_summon():  # reading state_dict() reshards: nothing is gathered while it runs
-            tensors = loadable_model_state(state, self.model.state_dict(), type(self.model).__name__,
-                                           as_tensor=as_tensor, shape=lambda t: tuple(t.shape))
-            with self._collective("loading the model state into the shards"):
-                set_model_state_dict(self.model, tensors, options=_FULL)
-
-    def optimizer_states(self) -> list[Any]:
-        if self._gathered is not None:
-            return self._gathered[1]
-        if not self._sharded:
-            return super().optimizer_states()
-        with self._collective("gathering the full optimizer state"):
-            return [self._full_optimizer_state(opt, _FULL) for opt in self.optimizers]
+    def _full_optimizer_states(self) -> list[Any]:
+        return [self._full_optimizer_state(opt, _FULL) for opt in self.optimizers]
 
     def _full_optimizer_state(self, optimizer: torch.optim.Optimizer, options: StateDictOptions) -> dict[str, Any]:
         """The optimizer's full state keyed by parameter index, as ``optimizer.state_dict()`` of one process is."""
         if not optimizer.state:  # nothing to gather (and DCP would take a zero-learning-rate step to create it)
             return optimizer.state_dict()
         by_name = get_optimizer_state_dict(self.model, optimizer, options=options)
-        if not by_name:
-            return {}  # not rank 0 with cpu_offload: rank 0 alone holds it
-        order = [name for group in by_name["param_groups"] for name in group["params"]]
-        index = {name: i for i, name in enumerate(order)}
-        return {"state": {index[name]: value for name, value in by_name["state"].items()},
-                "param_groups": [{**group, "params": [index[n] for n in group["params"]]}
-                                 for group in by_name["param_groups"]]}
+        return optimizer_state_by_index(by_name) if by_name else {}  # {}: rank 0 alone holds it
 
-    def _load_optimizer_state(self, optimizer: Any, state: Any, where: str) -> None:
-        if not self._sharded:
-            super()._load_optimizer_state(optimizer, state, where)
-            return
-        prepared = self.state_ops.optimizer_state_for_load(state, where)
-        if not prepared.get("state"):
-            super()._load_optimizer_state(optimizer, state, where)
-            return
+    def _loads_full_state(self, prepared: Mapping[str, Any]) -> bool:
+        return bool(prepared.get("state"))  # an optimizer saved before its first step loads as torch's
+
+    def _load_full_optimizer_state(self, optimizer: Any, prepared: Mapping[str, Any], where: str) -> None:
         names = {id(p): name for name, p in self.model.named_parameters()}
         order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-        try:
-            by_name = {"state": {order[i]: value for i, value in prepared["state"].items()},
-                       "param_groups": [{**group, "params": [order[i] for i in group["params"]]}
-                                        for group in prepared["param_groups"]]}
-            with self._collective("loading the optimizer state into the shards"):
-                set_optimizer_state_dict(self.model, optimizer, by_name, options=_FULL)
-        except (IndexError, KeyError, ValueError) as exc:
-            raise DriverError(
-                f"load_optimizer_states: {where} does not fit this optimizer ({type(exc).__name__}: {exc}); build "
-                "the optimizers over the same parameters, in the same groups, as the run that saved the checkpoint."
-            ) from exc
+        by_name = optimizer_state_by_name(prepared, order)
+        with self._collective("loading the optimizer state into the shards"):
+            set_optimizer_state_dict(self.model, optimizer, by_name, options=_FULL)
 
-    def gradient_state(self) -> dict[str, Any]:
-        """Gradients between accumulation cycles are None; inside one they are not saved yet (refused)."""
-        if not self._sharded:
-            return super().gradient_state()
-        if self._unsynced:
-            raise DriverError(
-                "driver='torch_fsdp' cannot yet checkpoint inside a gradient-accumulation cycle (FSDP holds the "
-                "unreduced gradients itself); save when a cycle ends, e.g. every N batches with N a multiple of "
-                "accumulation_steps."
-            )
-        grads = {}
-        for name, param in self.model.named_parameters():
-            if param.grad is not None:
-                grad = param.grad
-                grads[name] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).to("cpu", copy=True)
-        return grads
+    def _accumulating(self) -> bool:
+        return self._unsynced
+
+    def _engine_gradients(self) -> dict[str, Any]:
+        return gradient_copies(self.model.named_parameters(), _whole_on_host)
 
     def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
         if not self._sharded:
@@ -374,6 +294,11 @@ class TorchFSDPDriver(TorchDDPDriver):
             full = as_tensor(value, f"gradients[{name!r}]").to(device=param.device, dtype=param.dtype)
             # every rank holds the full gradient: each keeps its own shard, no communication
             param.grad = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+
+
+def _whole_on_host(grad: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of the whole gradient (a sharded one gathered: every rank calls it)."""
+    return (grad.full_tensor() if isinstance(grad, DTensor) else grad).to("cpu", copy=True)
 
 
 def _on_meta(module: torch.nn.Module) -> bool:

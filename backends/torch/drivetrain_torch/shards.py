@@ -27,7 +27,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from drivetrain.backend import MODEL_PREFIX, CheckpointError, ShardPiece, ShardSource, StateShards
+from drivetrain.backend import (
+    MODEL_PREFIX,
+    CheckpointError,
+    ShardPiece,
+    ShardSource,
+    StateShards,
+    check_shard_model,
+    check_shard_optimizers,
+)
 
 
 # ----------------------------------------------------------------------------------------- saving
@@ -97,8 +105,9 @@ def load_state_shards(module: torch.nn.Module, optimizers: list[torch.optim.Opti
     Names, shapes and parameter groups are checked first: a mismatch raises and loads nothing.
     """
     model = get_model_state_dict(module)
-    check_model(model, source)
-    metas = _check_optimizers(module, optimizers, source) if with_optimizers else []
+    check_shard_model(model, source)
+    groups = [[g["params"] for g in named_groups(module, optimizer)] for optimizer in optimizers]
+    metas = check_shard_optimizers(source, groups) if with_optimizers else []
     with contextlib.ExitStack() as files, torch.no_grad():
         reader = ShardReader(files)
         for name, tensor in model.items():
@@ -134,39 +143,6 @@ class ShardReader:
         if path not in self._open:
             self._open[path] = self._stack.enter_context(safetensors.safe_open(path, framework="pt"))
         return self._open[path]
-
-
-def check_model(model: Mapping[str, torch.Tensor], source: ShardSource) -> None:
-    saved = source.model_keys()
-    missing, unexpected = sorted(set(model) - set(saved) - source.frozen), sorted(set(saved) - set(model))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{source.folder}: the saved model does not match this model; missing {missing[:10]}, unexpected "
-            f"{unexpected[:10]}. Build the same model architecture as the run that saved it."
-        )
-    wrong = [(k, saved[k], tuple(t.shape)) for k, t in model.items() if k in saved and saved[k] != tuple(t.shape)]
-    if wrong:
-        raise CheckpointError(f"{source.folder}: shapes differ (name, saved, model): {wrong[:10]}.")
-
-
-def _check_optimizers(module: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
-                      source: ShardSource) -> list[dict[str, Any]]:
-    metas = source.meta.get("optimizers") if isinstance(source.meta, dict) else None
-    if not isinstance(metas, list) or len(metas) != len(optimizers):
-        raise CheckpointError(
-            f"{source.folder} holds {len(metas) if isinstance(metas, list) else 'no'} optimizer state(s) but the "
-            f"trainer has {len(optimizers)} optimizer(s); pass the same optimizers as the run that saved it."
-        )
-    for index, (optimizer, meta) in enumerate(zip(optimizers, metas, strict=True)):
-        saved = [list(g["params"]) for g in meta["param_groups"]]
-        current = [g["params"] for g in named_groups(module, optimizer)]
-        if saved != current:
-            raise CheckpointError(
-                f"{source.folder}: optimizers[{index}] was saved over other parameters or groups (saved groups "
-                f"{[len(g) for g in saved]} parameters, this one {[len(g) for g in current]}); build the optimizer "
-                "over the same parameters, in the same groups, as the run that saved it. Nothing was loaded."
-            )
-    return metas
 
 
 def _load_optimizer(module: torch.nn.Module, optimizer: torch.optim.Optimizer, index: int, meta: Mapping[str, Any],
