@@ -222,8 +222,9 @@ class DataSharding:
 class DistributedDriverMixin:
     """Rank properties, dataloader sharding, lifecycle and collectives for a data-parallel :class:`~drivetrain.Driver`.
 
-    Put it before the single-process driver in the bases; the driver keeps its
-    :class:`~drivetrain._dist_options.DistPlan` in ``self.plan`` and says how to rebuild
+    Put it before the single-process driver in the bases; the driver is built from the model and
+    its :class:`~drivetrain._dist_options.DistPlan` (kept in ``self.plan``; the single-process
+    driver gets ``plan.device`` and every other option) and says how to rebuild
     its dataloaders in the class attribute ``sharding``. The framework's part is a few
     hooks: ``_join()`` (the first ``setup``), ``_barrier_op()``,
     ``_broadcast_op(box, src)`` (``box[0]`` of rank ``src`` into every rank's ``box``),
@@ -241,6 +242,10 @@ class DistributedDriverMixin:
     """Seconds to wait for every rank to fail too (then collectives stay allowed, to save on the way out)."""
     _refusal = "this process {summary}"
     """Why collectives are refused after this process failed (``{summary}``: one line about the exception)."""
+
+    def __init__(self, model: Any, plan: Any, **options: Any) -> None:
+        super().__init__(model, plan.device, **options)  # type: ignore[call-arg]
+        self.plan = plan
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self) -> None:

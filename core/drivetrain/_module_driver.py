@@ -344,12 +344,15 @@ class ModuleDriver(Driver):
         return dataloader
 
     def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
-        """A dataloader that resumes sample-exactly when ``reproducible``; sharding is the distributed driver's."""
+        """A dataloader that resumes sample-exactly when ``reproducible``; sharding (``dist``) is the distributed
+        driver's: asked of this one, it is refused rather than silently not done."""
         if dist not in (None, "train", "eval"):
             raise DriverError(f"set_dist_repro_dataloader(dist={dist!r}): use None, 'train' or 'eval'.")
-        if dist is not None or not reproducible:
-            return dataloader
-        return self.reproducible_dataloader(dataloader)
+        if dist is not None:
+            raise DriverError(
+                f"set_dist_repro_dataloader(dist={dist!r}): sharding data across processes needs the distributed "
+                f"{self.name} driver ({self.distributed_hint}); {type(self).__name__} drives a single process.")
+        return self.reproducible_dataloader(dataloader) if reproducible else dataloader
 
     # ----------------------------------------------------------------- state
     def model_state(self) -> dict[str, Any]:

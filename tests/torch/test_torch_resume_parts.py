@@ -605,7 +605,7 @@ def test_worker_seeds_depend_on_seed_and_epoch_only(make_driver, model) -> None:
 
 
 @pytest.mark.parametrize("case", ["custom_sampler", "replacement", "num_samples", "iterable", "list", "subclass",
-                                  "no_batching", "dist", "not_reproducible", "foreign_sampler"])
+                                  "no_batching", "not_reproducible", "foreign_sampler"])
 def test_other_loaders_are_left_alone(make_driver, model, case) -> None:
     d = make_driver(model)
     dataset = _index_dataset(8)
@@ -625,15 +625,23 @@ def test_other_loaders_are_left_alone(make_driver, model, case) -> None:
         "list": lambda: [{"x": torch.zeros(1)}],
         "subclass": lambda: MyLoader(dataset, batch_size=2),
         "no_batching": lambda: DataLoader(dataset, batch_size=None),
-        "dist": lambda: DataLoader(dataset, batch_size=2),
         "not_reproducible": lambda: DataLoader(dataset, batch_size=2),
         "foreign_sampler": lambda: DataLoader(dataset, batch_size=2, sampler=RandomSampler(_index_dataset(8))),
     }
     loader = loaders[case]()
-    dist = "train" if case == "dist" else None
-    result = d.set_dist_repro_dataloader(loader, dist=dist, reproducible=case != "not_reproducible")
+    result = d.set_dist_repro_dataloader(loader, dist=None, reproducible=case != "not_reproducible")
     assert result is loader
     d.set_sampler_epoch(result, 1)  # harmless on anything
+
+
+@pytest.mark.parametrize("dist", ["train", "eval"])
+def test_sharding_is_refused_by_the_single_process_driver(make_driver, model, dist) -> None:
+    """Asked to shard, the one-process driver says whose job that is rather than return the loader unsharded."""
+    with pytest.raises(DriverError, match=rf"dist='{dist}'\): sharding data across processes needs the distributed "
+                                          r"torch driver \(train distributed: device=\[0, 1\], nproc=N, or start the "
+                                          r"script with torchrun\); TorchSingleDriver drives a single process\."):
+        make_driver(model).set_dist_repro_dataloader(DataLoader(_index_dataset(8), batch_size=2), dist=dist,
+                                                    reproducible=True)
 
 
 def test_unknown_dist_value_is_refused(make_driver, model) -> None:

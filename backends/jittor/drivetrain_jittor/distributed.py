@@ -128,8 +128,7 @@ class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
     """
 
     def __init__(self, model: Any, plan: MPILayout, **options: Any) -> None:
-        super().__init__(model, plan.device, **options)
-        self.plan = plan
+        super().__init__(model, plan, **options)
         self.sharding = DataSharding(
             reproducible=self._reproducible, unrepeated=_unrepeated, describe=describe, option="jittor_kwargs",
             default_loader="a jittor Dataset with set_attrs(batch_size=..., shuffle=True/False) and no sampler",

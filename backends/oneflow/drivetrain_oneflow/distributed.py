@@ -104,12 +104,8 @@ class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
     accepted_kwargs: Mapping[str, str] = {**FRAMEWORK_KWARGS, **DIST_KWARGS}
     sharding = SHARDING
 
-    def __init__(self, model: Any, plan: DistPlan, *, precision: str = "fp32", grad_clip: float | None = None,
-                 grad_clip_type: str = "norm", model_wo_auto_param_call: bool = False,
-                 framework_kwargs: Mapping[str, Any] | None = None) -> None:
-        super().__init__(model, plan.device, precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
-                         model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
-        self.plan = plan
+    def __init__(self, model: Any, plan: DistPlan, **options: Any) -> None:
+        super().__init__(model, plan, **options)
         self._ddp: _Dispatch | None = None
         self._watchdog = Watchdog(
             plan.rank, plan.world_size, plan.timeout, limit=self._timeout_words(),

@@ -72,6 +72,8 @@ def resolve_device(device: Any, model: paddle.nn.Layer) -> Device:
     """Turn the user's ``device=`` into a checked :class:`Device` with an explicit GPU index."""
     if device is None:
         resolved = model_device(model)
+    elif isinstance(device, Device):  # a distributed plan's, checked when planned
+        return device
     elif isinstance(device, paddle.CPUPlace):
         resolved = Device("cpu")
     elif isinstance(device, paddle.CUDAPlace):

@@ -89,14 +89,9 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         waits="the gradient all-reduce", same_batches="paddle.io.DistributedBatchSampler with drop_last=True",
     )
 
-    def __init__(self, model: Any, plan: DistPlan, *, precision: str = "fp32", grad_clip: float | None = None,
-                 grad_clip_type: str = "norm", model_wo_auto_param_call: bool = False,
-                 framework_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, model: Any, plan: DistPlan, **options: Any) -> None:
         user_dp = model if isinstance(model, paddle.DataParallel) else None
-        inner = model._layers if user_dp is not None else model
-        super().__init__(inner, plan.device.name, precision=precision, grad_clip=grad_clip,
-                         grad_clip_type=grad_clip_type, model_wo_auto_param_call=model_wo_auto_param_call,
-                         framework_kwargs=framework_kwargs)
+        super().__init__(model._layers if user_dp is not None else model, plan, **options)
         if self.static is not None:
             raise DriverError(
                 "paddle_kwargs['to_static']=True is not supported by the distributed paddle driver; train in "
@@ -105,7 +100,6 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
             )
         if plan.launch == "spawn":
             self._command = paddle_relaunch_command()  # refuse a notebook / python -c before anything starts
-        self.plan = plan
         self._dp: Any = user_dp
         self._store: ThreadStore | None = None
         self._guard = CollectiveGuard(plan.rank, plan.world_size, markers=_COMM_MARKERS, error_line=-1,
@@ -114,9 +108,9 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         self._unchecked = plan.overlap and not plan.find_unused_parameters  # see step()
         self._sharding: GroupSharding | None = None  # paddle_kwargs['sharding'] (see _sharding.py)
         self._gathered_optimizer: list[Any] | None = None
-        if plan.sharding and grad_clip is not None:
+        if plan.sharding and self.grad_clip is not None:
             raise DriverError(
-                f"grad_clip={grad_clip} with paddle_kwargs['sharding']={plan.sharding!r}: each process holds a share "
+                f"grad_clip={self.grad_clip} with paddle_kwargs['sharding']={plan.sharding!r}: each process holds a share "
                 "of the gradients, so clip in the optimizer, whose clip group sharding makes global: "
                 "grad_clip=paddle.nn.ClipGradByGlobalNorm(clip_norm) in the optimizer's constructor, and no Trainer "
                 "grad_clip."

@@ -190,16 +190,6 @@ class PaddleSingleDriver(ModuleDriver):
     def reproducible_dataloader(self, dataloader: Any) -> Any:
         return reproducible_dataloader(dataloader)
 
-    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
-        """A DataLoader that resumes sample-exactly when ``reproducible`` (see :mod:`._dataloader`)."""
-        if dist is not None:
-            raise DriverError(
-                f"set_dist_repro_dataloader(dist={dist!r}): sharding data across processes needs the distributed "
-                "paddle driver (PaddleDataParallelDriver: device=[0, 1], nproc=N or paddle's launcher); this one "
-                "drives a single process."
-            )
-        return super().set_dist_repro_dataloader(dataloader, dist=dist, reproducible=reproducible)
-
     # ---------------------------------------------------------------------- state
     def seed(self, seed: int) -> None:
         paddle.seed(seed)  # the CPU generator and every GPU's

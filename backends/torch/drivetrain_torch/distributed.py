@@ -96,14 +96,10 @@ class TorchDDPDriver(DistributedDriverMixin, TorchSingleDriver):
         same_batches="DistributedSampler(dataset, drop_last=True) and the same batch_size everywhere",
     )
 
-    def __init__(self, model: Any, plan: DistPlan, *, precision: str = "fp32", grad_clip: float | None = None,
-                 grad_clip_type: str = "norm", model_wo_auto_param_call: bool = False,
-                 framework_kwargs: Mapping[str, Any] | None = None) -> None:
-        super().__init__(model, plan.device, precision=precision, grad_clip=grad_clip, grad_clip_type=grad_clip_type,
-                         model_wo_auto_param_call=model_wo_auto_param_call, framework_kwargs=framework_kwargs)
+    def __init__(self, model: Any, plan: DistPlan, **options: Any) -> None:
+        super().__init__(model, plan, **options)
         if plan.launch == "spawn":
             self._command = torch_relaunch_command()  # refuse a notebook / python -c before anything starts
-        self.plan = plan
         self._user_ddp = isinstance(model, DistributedDataParallel)
         self._ddp: DistributedDataParallel | None = model if self._user_ddp else None
         self._store: Any = None
