@@ -433,6 +433,8 @@ class ModuleDriver(Driver):
         return str(self.framework.__version__)
 
     def describe(self) -> str:
-        """One line naming the driver class, device, precision and framework version."""
-        return (f"{self.name} driver ({type(self).__qualname__}) device={self.device} precision={self.precision} "
+        """One line naming the driver class, device, precision (as it runs: ``_precision.describe()``) and
+        framework version."""
+        precision = self.precision if self._precision is None else self._precision.describe()
+        return (f"{self.name} driver ({type(self).__qualname__}) device={self.device} precision={precision} "
                 f"{self.name}={self.framework_version()}")

@@ -132,3 +132,10 @@ class AmpPrecision:
     def load_scaler(self, state: Mapping[str, Any]) -> None:
         """Put a checked saved state into the scaler."""
         self.scaler.load_state_dict(dict(state))
+
+    def describe(self) -> str:
+        """The precision as it runs: a low precision without an autocast (paddle's and oneflow's on a CPU, which
+        warn once) says that it trains in fp32."""
+        if self.make_autocast is not None or self.precision == "fp32":
+            return self.precision
+        return f"{self.precision} (runs in fp32 on CPU)"

@@ -81,6 +81,7 @@ def test_precision_on_cpu_has_no_scaler_and_says_so() -> None:
     with pytest.warns(UserWarning, match="oneflow 0.9 has no CPU autocast"):
         precision = Precision("fp16", flow.device("cpu"))
     assert precision.scaler is None and not precision.active
+    assert precision.describe() == "fp16 (runs in fp32 on CPU)"  # what describe() of the driver shows
     assert precision.state() is None
     with pytest.warns(UserWarning, match="ignored"):
         precision.load_state({"scale": 2.0, "growth_tracker": 0})

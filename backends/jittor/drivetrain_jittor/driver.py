@@ -211,7 +211,3 @@ class JittorSingleDriver(ModuleDriver):
     def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
         _state.load_gradient_state(self.unwrap_model(), self.optimizers, grads)
 
-    # ----------------------------------------------------------------- describing
-    def describe(self) -> str:
-        return (f"jittor driver ({type(self).__name__}) device={self.device} "
-                f"precision={self._precision.describe()} jittor={jt.__version__}")

@@ -199,7 +199,5 @@ class PaddleSingleDriver(ModuleDriver):
 
     # ----------------------------------------------------------------- describing
     def describe(self) -> str:
-        effective = "" if self._precision.enabled or self.precision == "fp32" else " (runs in fp32 on CPU)"
-        static = " static graph (to_static)" if self.static is not None else ""
-        return (f"paddle driver (PaddleSingleDriver) device={self.device} precision={self.precision}{effective}"
-                f"{static} paddle={paddle.__version__}")
+        described = super().describe()
+        return described if self.static is None else described.replace(" paddle=", " static graph (to_static) paddle=")
