@@ -183,8 +183,10 @@ def test_amp_options_are_checked(model, make_driver) -> None:
         make_driver(model, precision="fp16", framework_kwargs={"amp_level": "O3"})
     with pytest.raises(DriverError, match=r"\['amp_level'\] configure mixed precision, but precision='fp32'"):
         make_driver(model, framework_kwargs={"amp_level": "O2"})
-    with pytest.raises(DriverError, match=r"\['init_loss_scaling'\] set the fp16 loss scaler, but precision='bf16'"):
-        make_driver(model, precision="bf16", framework_kwargs={"init_loss_scaling": 1024.0})
+    for precision in ("bf16", "fp32"):  # the core's rule for every backend's scaler options
+        with pytest.raises(DriverError, match=rf"^paddle_kwargs \['init_loss_scaling'\] only applies to precision='fp16', "
+                                              rf"got precision='{precision}'; remove it or use precision='fp16'\.$"):
+            make_driver(model, precision=precision, framework_kwargs={"init_loss_scaling": 1024.0})
     with pytest.raises(DriverError, match=r"decr_ratio'\]=2 is not accepted; it must be float in \(0, 1\)"):
         make_driver(model, precision="fp16", framework_kwargs={"decr_ratio": 2})
     with pytest.warns(UserWarning, match="trains in fp32"):  # Wenxin's settings are accepted

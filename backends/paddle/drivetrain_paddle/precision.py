@@ -22,7 +22,7 @@ from typing import Any
 
 import paddle
 
-from drivetrain.backend import AmpPrecision, DriverError, check_scaler_values, no_bf16_error
+from drivetrain.backend import AmpPrecision, DriverError, check_scaler_values, no_bf16_error, scaler_options
 
 from ._device import Device
 
@@ -49,25 +49,18 @@ class Precision(AmpPrecision):
         self.dtype = _DTYPES.get(precision)
         self.level: str | None = None
         self.enabled = False
-        scaler_kwargs = dict(scaler_kwargs or {})
+        scaler_kwargs = scaler_options(scaler_kwargs or None, precision, f"paddle_kwargs {sorted(scaler_kwargs or ())}",
+                                       SCALER_KWARGS)  # the fp16 loss scaler's: refused under fp32 and bf16
         if self.dtype is None:
-            if amp_level is not None or scaler_kwargs:
-                given = sorted(({"amp_level"} if amp_level is not None else set()) | set(scaler_kwargs))
-                raise DriverError(
-                    f"paddle_kwargs {given} configure mixed precision, but precision='fp32'; pass fp16=True or "
-                    "precision='fp16'/'bf16', or remove them."
-                )
+            if amp_level is not None:
+                raise DriverError("paddle_kwargs ['amp_level'] configure mixed precision, but precision='fp32'; pass "
+                                  "fp16=True or precision='fp16'/'bf16', or remove it.")
             return
         self.level = "O1" if amp_level is None else amp_level
         if self.level not in AMP_LEVELS:
             raise DriverError(
                 f"paddle_kwargs['amp_level']={amp_level!r} is not accepted; use 'O1' (cast per op, default) or "
                 "'O2' (fp16/bf16 parameters with fp32 master weights)."
-            )
-        if scaler_kwargs and precision != "fp16":
-            raise DriverError(
-                f"paddle_kwargs {sorted(scaler_kwargs)} set the fp16 loss scaler, but precision={precision!r} "
-                "needs no scaler (bfloat16 has fp32's range); remove them or use precision='fp16'."
             )
         check_scaler_values(scaler_kwargs, SCALER_KWARGS, "paddle_kwargs")
         self.enabled = device.kind == "gpu"
