@@ -116,17 +116,23 @@ class DeviceRules:
     """``(device, model) -> device``: one process's checked device; it says why a GPU cannot be used."""
     on_gpu: Callable[[Any], bool]
     """Whether a device the other calls returned is a GPU."""
-    any_gpu: Callable[[Any], bool]
-    """Whether ``device=`` asks for GPUs without naming one (``'gpu'``) and GPUs can be used: each process takes
-    its own. Where GPUs cannot be used, ``resolve`` says why."""
     gpu_count: Callable[[], int]
-    """How many GPUs this process sees (called where ``any_gpu`` is true)."""
+    """How many GPUs this process can use (0 where it cannot use any: ``resolve`` then says why)."""
     gpu_for_rank: Callable[[Any, Any, int, int], Any]
     """``(device, model, local_rank, local_world) -> device``: the GPU of a local rank for an "any GPU" device."""
     parse_listed: Callable[[Any, str], Any]
     """``(item, given) -> device``: one entry of a device list; ``given`` (``device=[...]``) starts its errors."""
     check_listed: Callable[[list[Any], str], None] | None = None
     """``(devices, given)``: a parsed list of GPUs as a whole (that they exist), after the distinct-device rules."""
+
+    def unnamed_gpu(self, device: Any) -> bool:
+        """Whether ``device=`` asks for GPUs without naming one (``'gpu'``, ``'cuda'``, a framework device of type
+        cuda whose index is None) where this process can use GPUs: then each process takes its own."""
+        if isinstance(device, str):
+            unnamed = device.strip().lower() in ("cuda", "gpu")
+        else:
+            unnamed = getattr(device, "type", None) == "cuda" and getattr(device, "index", 0) is None
+        return unnamed and self.gpu_count() > 0
 
     def default(self, model: Any) -> str:
         """What ``device=None`` means in a run: any GPU for a model on a GPU, else the CPU."""
@@ -149,7 +155,7 @@ class DeviceRules:
             return self.listed(device)[local_rank]
         if device is None:
             device = self.default(model)
-        if self.any_gpu(device):
+        if self.unnamed_gpu(device):
             return self.gpu_for_rank(device, model, local_rank, local_world)
         resolved = self.resolve(device, model)
         if self.on_gpu(resolved) and local_world > 1:
@@ -160,7 +166,7 @@ class DeviceRules:
         """``device`` (not a list) for ``nproc`` processes the Trainer starts: one CPU each, or GPUs 0..nproc-1."""
         if device is None:
             device = self.default(model)
-        if self.any_gpu(device):
+        if self.unnamed_gpu(device):
             check_enough_gpus(device, nproc, self.gpu_count())
         elif self.on_gpu(self.resolve(device, model)):  # resolving also says why a GPU cannot be used
             raise one_gpu_for_many(device, nproc, self.names, spawn=True)

@@ -107,12 +107,6 @@ def _launched() -> LauncherEnv | None:
 
 
 # ---------------------------------------------------------------------------- devices
-def _any_gpu(device: Any) -> bool:
-    """``'cuda'`` or ``'gpu'`` (a GPU without saying which one), where oneflow can use CUDA."""
-    unnamed = isinstance(device, str) and device.strip().lower() in ("cuda", "gpu")
-    return unnamed and flow.cuda.is_available()
-
-
 def _parse_listed(item: Any, given: str) -> flow.device:
     """One entry of a device list, a GPU checked to exist; the error prefixed by the whole list."""
     try:
@@ -127,7 +121,8 @@ def _gpu_for_rank(device: Any, model: Any, local_rank: int, local_world: int) ->
 
 
 DEVICES = DeviceRules(names=ONEFLOW_LAUNCH, model_device=model_device, resolve=resolve_device,
-                      on_gpu=lambda d: d.type == "cuda", any_gpu=_any_gpu, gpu_count=lambda: flow.cuda.device_count(),
+                      on_gpu=lambda d: d.type == "cuda",
+                      gpu_count=lambda: flow.cuda.device_count() if flow.cuda.is_available() else 0,
                       gpu_for_rank=_gpu_for_rank, parse_listed=_parse_listed)
 
 

@@ -264,12 +264,6 @@ def master_address() -> tuple[str, int]:
 
 
 # ---------------------------------------------------------------------------- devices
-def _any_gpu(device: Any) -> bool:
-    """``'gpu'`` or ``'cuda'`` (a GPU without saying which one), where paddle sees GPUs."""
-    unnamed = isinstance(device, str) and device.strip().lower() in ("gpu", "cuda")
-    return unnamed and paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
-
-
 def _gpu_for_rank(device: Any, model: Any, local_rank: int, local_world: int) -> Device:
     """The GPU paddle's launcher selected for this process, else the one numbered ``local_rank``."""
     selected = os.environ.get("FLAGS_selected_gpus", "")  # paddle's launcher gives each process its GPU
@@ -287,5 +281,5 @@ def _parse_listed(item: Any, given: str) -> Device:
 
 
 DEVICES = DeviceRules(names=PADDLE_LAUNCH, model_device=model_device, resolve=resolve_device,
-                      on_gpu=lambda d: d.kind == "gpu", any_gpu=_any_gpu, gpu_for_rank=_gpu_for_rank,
+                      on_gpu=lambda d: d.kind == "gpu", gpu_for_rank=_gpu_for_rank,
                       gpu_count=lambda: paddle.device.cuda.device_count(), parse_listed=_parse_listed)

@@ -142,17 +142,12 @@ class PaddleSingleDriver(ModuleDriver):
     def trainable_params(self) -> list[Any]:
         return self._params
 
-    def loss_requires_grad(self, loss: Any) -> bool:
-        return not loss.stop_gradient
-
     def backward(self, loss: Any) -> None:
-        """The template's checks and backward in one call: this runs every step."""
-        if not isinstance(loss, paddle.Tensor) or loss.stop_gradient:
-            self.raise_bad_loss(loss)
-        if loss.shape and loss.size != 1:  # shape first: size costs microseconds, a 0-d loss is the usual
-            raise self.multi_value_error(loss)  # paddle would backpropagate a vector loss silently
-        scaler = self.grad_scaler
-        (loss if scaler is None else scaler.scale(loss)).backward()
+        """The template's checks in one condition (this runs every step), then its backward. ``shape`` first: a
+        0-d loss is the usual and ``size`` costs microseconds; paddle would backpropagate a vector loss silently."""
+        if not isinstance(loss, paddle.Tensor) or loss.stop_gradient or (loss.shape and loss.size != 1):
+            self.raise_bad_loss(loss)  # says which of the three
+        self.run_backward(loss)
 
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:

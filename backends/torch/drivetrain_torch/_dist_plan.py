@@ -192,15 +192,6 @@ def _env_int(name: str, default: int | None = None) -> int:
 
 
 # ---------------------------------------------------------------------------- devices
-def _any_gpu(device: Any) -> bool:
-    """``'cuda'``, ``'gpu'`` or ``torch.device('cuda')`` (a GPU without saying which one), where CUDA works."""
-    if isinstance(device, torch.device):
-        unnamed = device.type == "cuda" and device.index is None
-    else:
-        unnamed = isinstance(device, str) and device.strip().lower() in ("cuda", "gpu")
-    return unnamed and torch.cuda.is_available()
-
-
 def _cuda(given: Any, model: Any, index: int, processes: int) -> torch.device:
     """GPU ``index`` for "any GPU" ``given`` with ``processes`` on this machine, where it exists."""
     count = torch.cuda.device_count()
@@ -246,5 +237,6 @@ def _check_listed(parsed: list[torch.device], given: str) -> None:
 
 
 DEVICES = DeviceRules(names=TORCHRUN, model_device=model_device, resolve=resolve_device,
-                      on_gpu=lambda d: d.type == "cuda", any_gpu=_any_gpu, gpu_count=lambda: torch.cuda.device_count(),
+                      on_gpu=lambda d: d.type == "cuda",
+                      gpu_count=lambda: torch.cuda.device_count() if torch.cuda.is_available() else 0,
                       gpu_for_rank=_cuda, parse_listed=_parse_listed, check_listed=_check_listed)
