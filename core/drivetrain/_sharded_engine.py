@@ -50,6 +50,11 @@ class ShardedEngineMixin:
         self._gathered: tuple[dict[str, Any], list[Any]] | None = None
         self.shards_state = plan.state_dict == "sharded"
 
+    def is_distributed(self) -> bool:
+        """A world of one is one process (its process group of one aside): it takes any dataloader, a list of
+        batches too, as the single-process driver does."""
+        return self.world_size > 1  # type: ignore[attr-defined]
+
     # ------------------------------------------------------------------ the engine's hooks
     def _engine_started(self) -> bool:
         """Whether the engine holds the model (before that, the plain driver's methods serve)."""

@@ -122,10 +122,6 @@ class TorchDeepSpeedDriver(ShardedEngineDriver):
                 f"{self.precision}; use precision={other!r}, or train on GPUs."
             )
 
-    def is_distributed(self) -> bool:
-        """A world of one is one process (its group of one aside): samplers and checkpoints as driver='torch''s."""
-        return self.world_size > 1
-
     def describe(self) -> str:
         import deepspeed
 

@@ -95,7 +95,9 @@ class TorchFSDPDriver(ShardedEngineDriver):
         self._connect()
         module = self.model
         names = {id(p): name for name, p in module.named_parameters()}
-        if _on_meta(module):
+        if isinstance(module, FSDPModule):  # sharded already (an earlier Trainer's driver, or the user): as it is
+            pass
+        elif _on_meta(module):
             with self._collective("sharding the meta-device model with fully_shard"):
                 self._shard(module)
             module.to_empty(device=self.device)  # each rank allocates its own shards only

@@ -53,7 +53,8 @@ FSDP_CAPABILITIES = Capabilities(
 drivetrain_driver_specs = driver_specs_hook(
     "torch", CAPABILITIES, contract_versions=(1,), seed_function="torch:manual_seed",
     variants={"torch_fsdp": {"factory": "drivetrain_torch.factory:create_fsdp_driver",
-                             "capabilities": FSDP_CAPABILITIES}},
+                             "capabilities": FSDP_CAPABILITIES,
+                             "testing_kit": "drivetrain_torch.testing_kit:torch_fsdp_kit"}},
 )
 """The torch driver's description (``seed_everything`` calls ``torch.manual_seed``, which seeds every CUDA device
 too, once torch is imported)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -93,6 +93,13 @@ class BackendKit:
     def __post_init__(self) -> None:
         if not self.framework:
             self.framework = self.driver
+
+    def no_checkpoint_inside_a_cycle(self, why: str) -> BackendKit:
+        """This kit with the two checks that checkpoint inside a gradient-accumulation cycle waived for ``why``
+        (an engine that holds a cycle's gradients itself: FSDP, DeepSpeed ZeRO)."""
+        return replace(self, waived={
+            **self.waived, "gradient_state_round_trip": why,
+            "exact_resume_through_the_trainer": f"it checkpoints every 5 batches with accumulation_steps=2; {why}"})
 
     def batches(self, n: int = 60, batch_size: int = 10, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` samples as a list of ``{"x", "target"}`` batches of the framework's tensors."""
