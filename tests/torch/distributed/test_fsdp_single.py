@@ -14,6 +14,7 @@ the uninterrupted run does. The launches run ``_fsdp_script.py`` (see its docstr
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from drivetrain import Callback, CallbackError, Trainer
 
 from ..._dist_helpers import free_port
 from . import _fsdp_script as script
-from .conftest import max_diff, run_to_end
+from .conftest import child_env, max_diff, run_to_end
 
 pytestmark = [pytest.mark.distributed, pytest.mark.torch, pytest.mark.timeout(240)]
 
@@ -238,3 +239,15 @@ def _build(**options) -> Trainer:
     loader = DataLoader(script.Points(8, seed=0), batch_size=4)
     return Trainer(model, loader, torch.optim.SGD(model.parameters(), lr=0.1), driver="torch_fsdp",
                    progress_bar=None, **options)
+
+
+def test_drivetrain_backends_check_torch_fsdp_passes() -> None:
+    """The contract checks on driver='torch_fsdp' in one process (its own process, so the group of one it starts
+    stays there), the two that checkpoint inside an accumulation cycle waived by its kit with the reason. They
+    found that a world of one refused a list of batches, and that an Evaluator could not take a model a Trainer had
+    sharded."""
+    done = subprocess.run([sys.executable, "-m", "drivetrain", "backends", "--check", "torch_fsdp"],
+                          capture_output=True, text=True, timeout=200, env=child_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "19/19 checks passed, 2 waived by the kit" in done.stdout and "FAILED" not in done.stdout
+    assert "WAIVED gradient_state_round_trip" in done.stdout
