@@ -113,8 +113,8 @@ class ModuleDriver(Driver):
     dataloader_example: str = "a DataLoader(dataset, batch_size=32, shuffle=True)"
     loss_example: str = "torch.nn.functional.cross_entropy(outputs, batch['label'])"
     to_tensor_example: str = "torch.as_tensor(array)"
-    no_grad_advice: str = ": did you compute it under no_grad or detach it? (Also check that the model has " \
-        "trainable parameters.)"
+    no_grad_advice: str = (": did you compute it under no_grad or detach it? (Also check that the model has "
+                           "trainable parameters.)")
     """What follows "the model's output 'loss' does not require grad": the framework's words for a tensor
     cut off from the gradient and the ways that happens (``" (stop_gradient=True): ... paddle.no_grad() ..."``)."""
     state_ops: Any = None

@@ -95,22 +95,25 @@ class TorchFSDPDriver(ShardedEngineDriver):
         self._connect()
         module = self.model
         names = {id(p): name for name, p in module.named_parameters()}
-        if isinstance(module, FSDPModule):  # sharded already (an earlier Trainer's driver, or the user): as it is
-            pass
-        elif _on_meta(module):
+        if not isinstance(module, FSDPModule):  # one sharded already (an earlier Trainer's driver, the user) stays
+            self._distribute(module)
+        self._sharded = True
+        self._rebind_optimizers(names)
+
+    def _distribute(self, module: torch.nn.Module) -> None:
+        """Rank 0's weights sharded over the ranks, or a meta-device model's shards created on each rank."""
+        if _on_meta(module):
             with self._collective("sharding the meta-device model with fully_shard"):
                 self._shard(module)
             module.to_empty(device=self.device)  # each rank allocates its own shards only
             self._initialise_shards(module)
-        else:
-            module.to(self.device)
-            with self._collective("broadcasting rank 0's weights and sharding the model with fully_shard"):
-                with torch.no_grad():
-                    for tensor in [*module.parameters(), *module.buffers()]:
-                        dist.broadcast(tensor, src=0)
-                self._shard(module)
-        self._sharded = True
-        self._rebind_optimizers(names)
+            return
+        module.to(self.device)
+        with self._collective("broadcasting rank 0's weights and sharding the model with fully_shard"):
+            with torch.no_grad():
+                for tensor in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(tensor, src=0)
+            self._shard(module)
 
     def _initialise_shards(self, module: torch.nn.Module) -> None:
         """Fill the freshly allocated shards: the user's ``init`` callable, else every submodule's
