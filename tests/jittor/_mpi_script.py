@@ -37,6 +37,7 @@ from drivetrain import Accuracy, CheckpointCallback, DriverError, Event, Trainer
 from tests.jittor.conftest import Points, TinyNet  # noqa: E402
 
 SAMPLES, GLOBAL_BATCH, EPOCHS = 64, 8, 2
+EVAL_BATCH, PREDICT_BATCH = 6, 5
 
 
 def build(optimizer: str = "sgd", callbacks=None, metrics: bool = False) -> Trainer:
@@ -46,7 +47,8 @@ def build(optimizer: str = "sgd", callbacks=None, metrics: bool = False) -> Trai
            else jt.optim.Adam(model.parameters(), lr=0.01))
     extra = {}
     if metrics:
-        extra = {"evaluate_dataloaders": Points(30, seed=1, batch_size=8), "metrics": {"acc": Accuracy()}}
+        # evaluation and prediction in other batch sizes than training's (8), odd ones too
+        extra = {"evaluate_dataloaders": Points(30, seed=1, batch_size=EVAL_BATCH), "metrics": {"acc": Accuracy()}}
     return Trainer(model, Points(SAMPLES, batch_size=GLOBAL_BATCH, shuffle=True), opt, driver="jittor",
                    device="cpu", n_epochs=EPOCHS, progress_bar=None, callbacks=callbacks, **extra)
 
@@ -101,7 +103,7 @@ def main(mode: str, out: str, ckpt: str | None) -> None:
         trainer.run(num_eval_sanity_batch=0)
         record["results"] = results
         # prediction: each rank predicts its shard of the 30 samples; every rank gets all of them in order
-        predicted = trainer.predict(Points(30, seed=1, batch_size=8), predict_fn=lambda x, index: {
+        predicted = trainer.predict(Points(30, seed=1, batch_size=PREDICT_BATCH), predict_fn=lambda x, index: {
             "pred": driver.unwrap_model()(x)["pred"], "index": index})
         record["predicted_index"] = predicted["index"].tolist()
         record["predicted"] = predicted["pred"].tolist()

@@ -208,15 +208,16 @@ def user_batch_size(plan: DeepSpeedPlan) -> int | None:
 
 
 def check_batch_size(plan: DeepSpeedPlan, batch_size: Any) -> None:
-    """The train dataloader's batch size against the config's (when the user wrote one)."""
+    """The Trainer's ``train_dataloader``'s batch size against the config's (when the user wrote one)."""
     fixed = user_batch_size(plan)
     if fixed is None or not isinstance(batch_size, int) or fixed == batch_size:
         return
     raise DriverError(
-        f"the train dataloader's batch_size={batch_size} (per process) contradicts {CONFIG}, which makes the "
+        f"train_dataloader's batch_size={batch_size} (per process) contradicts {CONFIG}, which makes the "
         f"micro-batch per process {fixed} (train_micro_batch_size_per_gpu, or train_batch_size / "
         "(gradient_accumulation_steps x world size)); give the same size in both, or set the config's values to "
-        "'auto' (or leave them out) to take the dataloader's."
+        "'auto' (or leave them out) to take the train_dataloader's. Evaluation and prediction dataloaders may have "
+        "any batch size."
     )
 
 

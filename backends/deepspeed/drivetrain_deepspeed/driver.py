@@ -100,6 +100,7 @@ class TorchDeepSpeedDriver(ShardedEngineDriver):
         self._eval_params: contextlib.ExitStack | None = None  # the ZeRO-3 parameters gathered for evaluation
         self._micro_batches = 0  # backward calls since the last step
         self._checked_cycle = False
+        self._train_batch_size: int | None = None  # the train dataloader's (configure_loop), for the engine
         self._cast = PRECISION_DTYPES.get(self.precision)
         self._check_precision()
 
@@ -141,10 +142,18 @@ class TorchDeepSpeedDriver(ShardedEngineDriver):
             )
         self.config = self._merged()  # refuses a contradiction now, when the Trainer is built
 
-    def configure_loop(self, *, accumulation_steps: int) -> None:
-        """A config whose ``gradient_accumulation_steps`` contradicts the Trainer fails now, before any process
-        group starts (the first step checks the cycle it sees as well: an epoch may be shorter)."""
+    def configure_loop(self, *, accumulation_steps: int, train_dataloader: Any = None) -> None:
+        """A config whose ``gradient_accumulation_steps`` or micro-batch size contradicts the Trainer fails now,
+        before any process group starts (the first step checks the cycle it sees as well: an epoch may be shorter).
+        The train dataloader's batch size becomes the engine's ``train_micro_batch_size_per_gpu``; evaluation and
+        prediction dataloaders never touch it, whatever their batch size."""
         check_accumulation(self.plan, accumulation_steps, declared=True)
+        batch_size = getattr(train_dataloader, "batch_size", None)
+        check_batch_size(self.plan, batch_size)
+        if isinstance(batch_size, int) and not isinstance(batch_size, bool):
+            self._train_batch_size = batch_size
+            if self.engine is not None:
+                self.engine.set_train_micro_batch_size(batch_size)
 
     def _merged(self) -> dict[str, Any]:
         torch_optimizers = bool(self.optimizers) and not isinstance(self.optimizers[0], _ConfigOptimizer)
@@ -212,6 +221,8 @@ class TorchDeepSpeedDriver(ShardedEngineDriver):
                 return
             self.engine, built, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config,
                                                             dist_init_required=False)
+        if self._train_batch_size is not None:
+            self.engine.set_train_micro_batch_size(self._train_batch_size)
         if self.engine.optimizer is not None:
             base = _ds.base_optimizer(self.engine)
             self.optimizers = [base]
@@ -249,16 +260,6 @@ class TorchDeepSpeedDriver(ShardedEngineDriver):
         if stack is not None:
             with self._collective("releasing the gathered ZeRO-3 parameters"):
                 stack.close()
-
-    def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
-        """As DDP; the train dataloader's batch size is checked against the config and becomes DeepSpeed's
-        ``train_micro_batch_size_per_gpu``."""
-        if dist != "eval":
-            batch_size = getattr(dataloader, "batch_size", None)
-            check_batch_size(self.plan, batch_size)
-            if self.engine is not None and isinstance(batch_size, int) and not isinstance(batch_size, bool):
-                self.engine.set_train_micro_batch_size(batch_size)
-        return super().set_dist_repro_dataloader(dataloader, dist=dist, reproducible=reproducible)
 
     def move_data_to_device(self, batch: Any) -> Any:
         """Floating-point tensors in the engine's dtype too (its weights are in it)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import paddle
 
-from drivetrain.testing import BackendKit, linear_classifier
+from drivetrain.testing import ArrayDataset, BackendKit, linear_classifier
 
 
 def paddle_kit() -> BackendKit:
@@ -15,4 +15,5 @@ def paddle_kit() -> BackendKit:
         make_optimizer=lambda model, lr: paddle.optimizer.SGD(learning_rate=lr, parameters=model.parameters()),
         to_tensor=lambda array: paddle.to_tensor(array, place=paddle.CPUPlace()),
         random=lambda: float(paddle.rand([])),
+        make_loader=lambda x, target, batch_size: paddle.io.DataLoader(ArrayDataset(x, target), batch_size=batch_size),
     )

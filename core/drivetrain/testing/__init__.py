@@ -16,6 +16,7 @@ from ._checks import CHECKS, GROUPS, Check, ContractViolation
 from ._kit import (
     CLASSES,
     IN_FEATURES,
+    ArrayDataset,
     BackendKit,
     classification_arrays,
     classifier_weights,
@@ -30,6 +31,7 @@ __all__ = [
     "CLASSES",
     "GROUPS",
     "IN_FEATURES",
+    "ArrayDataset",
     "BackendKit",
     "Check",
     "CheckResult",

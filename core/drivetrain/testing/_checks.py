@@ -465,6 +465,25 @@ def exact_resume_through_the_trainer(kit: BackendKit) -> None:
 
 
 # ----------------------------------------------------------------- end to end
+@check("end-to-end", "evaluation and prediction dataloaders may have other batch sizes than the train dataloader's, "
+                     "even where the engine is bound to the train batch size")
+def other_batch_sizes_for_evaluation_and_prediction(kit: BackendKit) -> None:
+    model = kit.make_model()
+    options = dict(kit.train_batch_options(10)) if kit.train_batch_options else {}
+    trainer = Trainer(model, kit.loader(10), kit.make_optimizer(model, 0.5), driver=kit.driver, device="cpu",
+                      n_epochs=2, evaluate_dataloaders={"dev": kit.loader(7, seed=1)}, metrics={"acc": Accuracy()},
+                      progress_bar=None, **options)
+    trainer.run(num_eval_sanity_batch=1)
+    evaluated = trainer.evaluate()
+    expect(set(evaluated) == {"acc#acc#dev"}, f"Trainer.evaluate() with batches of 7 returned {evaluated}")
+    predicted = trainer.predict(kit.loader(13, n=40, seed=2))
+    expect(len(predicted.get("pred", ())) == 40, f"Trainer.predict() over 40 samples in batches of 13 returned "
+           f"{ {name: np.shape(value) for name, value in predicted.items()} }")
+    alone = Evaluator(model, kit.loader(9, seed=2), {"acc": Accuracy()}, driver=trainer.driver, verbose=0).run()
+    expect(set(alone) == {"acc#acc"}, f"an Evaluator over the trained driver, batches of 9, returned {alone}")
+
+
+
 @check("end-to-end", "Trainer and Evaluator train the kit's classifier to >= 90% accuracy through the public API")
 def trainer_and_evaluator(kit: BackendKit) -> None:
     model = kit.make_model()

@@ -86,6 +86,14 @@ class BackendKit:
     random: Callable[[], float] | None = None
     framework: str = ""
     """The framework's top-level module; defaults to ``driver``."""
+    make_loader: Callable[[np.ndarray, np.ndarray, int], Any] | None = None
+    """The framework's own dataloader over ``(x, target)`` arrays with that ``batch_size``, yielding
+    ``{"x", "target"}`` batches (e.g. a ``DataLoader`` over :class:`ArrayDataset`): a driver that reads a
+    dataloader's ``batch_size`` is checked with it. None: lists of batches (no ``batch_size`` to read)."""
+    train_batch_options: Callable[[int], Mapping[str, Any]] | None = None
+    """Trainer options that bind the driver to the train dataloader's batch size, for an engine that has one
+    (DeepSpeed's ``train_micro_batch_size_per_gpu``): the check that evaluates and predicts with other batch sizes
+    uses them, since evaluation and prediction must not be held to that size."""
     waived: Mapping[str, str] = field(default_factory=dict)
     """Checks the driver cannot meet by design, ``{check name: why}`` (an engine that cannot checkpoint inside
     a gradient-accumulation cycle): reported as waived with the reason, never as passed; an unknown name is refused."""
@@ -101,6 +109,12 @@ class BackendKit:
             **self.waived, "gradient_state_round_trip": why,
             "exact_resume_through_the_trainer": f"it checkpoints every 5 batches with accumulation_steps=2; {why}"})
 
+    def loader(self, batch_size: int, n: int = 60, seed: int = 0) -> Any:
+        """``n`` samples in batches of ``batch_size`` through :attr:`make_loader`, else as :meth:`batches`."""
+        if self.make_loader is None:
+            return self.batches(n, batch_size, seed)
+        return self.make_loader(*classification_arrays(n, seed), batch_size)
+
     def batches(self, n: int = 60, batch_size: int = 10, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` samples as a list of ``{"x", "target"}`` batches of the framework's tensors."""
         x, y = classification_arrays(n, seed)
@@ -108,15 +122,33 @@ class BackendKit:
                 for i in range(0, n, batch_size)]
 
 
+class ArrayDataset:
+    """A map-style dataset over ``(x, target)`` arrays: item ``i`` is ``{"x": x[i], "target": target[i]}``, each
+    passed through ``convert`` (default: left as numpy, for a framework whose dataloader collates numpy)."""
+
+    def __init__(self, x: np.ndarray, target: np.ndarray, convert: Callable[[np.ndarray], Any] = np.asarray) -> None:
+        self.x, self.target, self.convert = x, target, convert
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"x": self.convert(self.x[index]), "target": self.convert(np.asarray(self.target[index]))}
+
+
 def torch_style_kit(driver: str, framework: Any, to_tensor: Callable[[np.ndarray], Any],
                     random: Callable[[], float]) -> BackendKit:
     """The kit of a framework with torch's API, ``framework`` being its module (torch itself, oneflow, ...).
 
     It uses ``framework.nn.Module``, ``nn.Linear``, ``nn.functional.cross_entropy``,
-    ``optim.SGD(parameters, lr=lr)`` and ``parameter.data.copy_(tensor)``; ``to_tensor``
-    and ``random`` are :class:`BackendKit`'s.
+    ``optim.SGD(parameters, lr=lr)``, ``parameter.data.copy_(tensor)`` and
+    ``utils.data.DataLoader``; ``to_tensor`` and ``random`` are :class:`BackendKit`'s.
     """
     nn = framework.nn
+
+    def make_loader(x: np.ndarray, target: np.ndarray, batch_size: int) -> Any:
+        return framework.utils.data.DataLoader(ArrayDataset(x, target, to_tensor), batch_size=batch_size)
+
     return BackendKit(
         driver=driver,
         make_model=linear_classifier(nn.Module, nn.Linear, nn.functional.cross_entropy,
@@ -124,6 +156,7 @@ def torch_style_kit(driver: str, framework: Any, to_tensor: Callable[[np.ndarray
         make_optimizer=lambda model, lr: framework.optim.SGD(model.parameters(), lr=lr),
         to_tensor=to_tensor,
         random=random,
+        make_loader=make_loader,
     )
 
 

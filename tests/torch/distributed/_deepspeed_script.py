@@ -34,6 +34,9 @@ clipping by norm, AdamW) from the same seed.
 - ``gpt2``: a tiny Hugging Face GPT-2 (tied input/output embeddings) trained under ZeRO-3 with no parameter kept
   whole, then ``save_model`` into ``OUT/gpt2-model``;
 - ``config-optimizer``: ZeRO-2 with the optimizer, clipping and batch size given in a JSON config;
+- ``fixed`` / ``fixed-resume-other``: ZeRO-3 with the config's ``train_micro_batch_size_per_gpu`` fixed to the
+  train dataloader's, evaluating each epoch, then evaluate() and predict(), with dataloaders of other batch sizes
+  (whole / resumed from ``--other``): only the train dataloader is held to the config's micro-batch;
 - ``bad-batch`` / ``bad-accumulation``: a config contradicting the dataloader's batch size / the
   Trainer's accumulation (the refusal is recorded);
 - ``load-other``: ZeRO-3 loads ``--other`` (``load_checkpoint(resume_training=False)``) and records the weights
@@ -76,6 +79,8 @@ from _fsdp_script import (  # noqa: E402
 )
 
 torch.set_num_threads(1)
+EVALUATING = ("zero2", "zero3", "fixed", "fixed-resume-other")
+PREDICT_BATCH = 5  # neither the train (BATCH_PER_RANK) nor the evaluation (EVAL_BATCH) batch size
 
 __all__ = ["ACCUMULATION", "BATCH_PER_RANK", "GRAD_CLIP", "INTERRUPT_AT", "N_TRAIN", "Net"]
 
@@ -172,7 +177,7 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
               "zero2-resume-own": f"{out}/zero2-interrupted", "lean-resume-zero2": f"{out}/zero2-interrupted",
               "ddp-resume-zero2": f"{out}/zero2-interrupted", "zero2-resume-other": args.other,
               "bf16-resume": f"{out}/bf16-interrupted", "full-resume": f"{out}/full-interrupted",
-              "ddp-resume-full": f"{out}/full-interrupted"}
+              "ddp-resume-full": f"{out}/full-interrupted", "fixed-resume-other": args.other}
     if phase in resume:
         run_options["resume_from"] = resume[phase]
     optimizer = True
@@ -186,6 +191,8 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
         optimizer = False
     if phase.startswith("bf16"):
         options["precision"] = "bf16"
+    if phase.startswith("fixed"):
+        options["deepspeed_kwargs"]["config"] = {"train_micro_batch_size_per_gpu": BATCH_PER_RANK}
     if phase == "bad-batch":
         options["deepspeed_kwargs"]["config"] = {"train_micro_batch_size_per_gpu": 16}
     if phase == "bad-accumulation":
@@ -208,7 +215,7 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
             json.dump({"driver": type(d).__name__, "params": state_lists(d.model_state())}, f)
         return
     try:
-        trainer = build_trainer(model, driver=driver, callbacks=callbacks, evaluate=phase in ("zero2", "zero3"),
+        trainer = build_trainer(model, driver=driver, callbacks=callbacks, evaluate=phase in EVALUATING,
                                 optimizer=optimizer, **options)
         trainer.run(num_eval_sanity_batch=0, **run_options)
     except DriverError as exc:
@@ -222,10 +229,11 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
     d = trainer.driver
     result.update(rank=d.rank, world_size=d.world_size, driver=type(d).__name__, describe=d.describe(),
                   params=state_lists(d.model_state()), seen=recorder.seen, history=trainer.history)
-    if phase in ("zero2", "zero3"):
+    if phase in EVALUATING:
         result["eval"] = trainer.evaluate()
         result["predict"] = {k: v.tolist() for k, v in trainer.predict(
-            DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH)).items()}
+            DataLoader(Points(N_EVAL, seed=1), batch_size=PREDICT_BATCH if phase.startswith("fixed") else EVAL_BATCH
+                       )).items()}
     if phase == "zero3":
         trainer.save_model(os.path.join(args.out, "model"))
         result["loaded_forward_diff"] = loaded_forward_diff(d)

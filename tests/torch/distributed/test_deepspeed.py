@@ -36,7 +36,7 @@ SCRIPT = str(Path(__file__).with_name("_deepspeed_script.py"))
 TWO_RANK_PHASES = ("ddp,zero2,zero3,interrupt,resume-same,zero2-resume,ddp-interrupt,resume-other,ddp-resume-other,"
                    "config-optimizer,bf16,lean,lean-interrupt,lean-resume,fsdp-resume-lean,ddp-resume-lean,"
                    "fsdp-interrupt,lean-resume-fsdp,ddp-resume-fsdp,zero2-interrupt,zero2-resume-own,lean-resume-zero2,"
-                   "ddp-resume-zero2,bf16-interrupt,bf16-resume,full,full-interrupt,full-resume,ddp-resume-full")
+                   "ddp-resume-zero2,bf16-interrupt,bf16-resume,full,full-interrupt,full-resume,ddp-resume-full,fixed")
 FP32 = 1e-6  # the same arithmetic, summed in another order
 
 
@@ -79,7 +79,8 @@ def three(run, tmp_path_factory) -> Path:
 def back(run, tmp_path_factory) -> Path:
     """One process resuming the 2-rank ZeRO-3 checkpoint (and DDP's of the same point), then two refusals."""
     out = tmp_path_factory.mktemp("back")
-    _launch([sys.executable, SCRIPT, str(out), "ddp-resume-other,resume-other,bad-batch,bad-accumulation",
+    _launch([sys.executable, SCRIPT, str(out), "ddp-resume-other,resume-other,bad-batch,bad-accumulation,fixed,"
+             "fixed-resume-other",
              "--other", str(run / "interrupted")], out)
     return out
 
@@ -306,9 +307,24 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path) -> None:
     assert "because rank 1 was killed by SIGKILL" in done.output, done.output[-3000:]
 
 
+def test_evaluation_and_prediction_take_any_batch_size_when_the_config_fixes_trainings(run, back) -> None:
+    """The config's train_micro_batch_size_per_gpu binds the train dataloader alone: evaluation (batch 3) and
+    prediction (batch 5) work beside a train batch of 4, on 2 ranks and on one process, fresh and resuming the
+    2-rank checkpoint; training is the same as with the micro-batch left to the dataloader."""
+    for out, phase, same_as, ranks in ((run, "fixed", "zero3", (0, 1)), (back, "fixed", None, (0,)),
+                                       (back, "fixed-resume-other", "resume-other", (0,))):
+        results = _read(out, phase, ranks)
+        for rank, result in results.items():
+            assert result["world_size"] == len(ranks)
+            assert len(result["history"]) > 0 and 0.0 <= result["eval"]["acc#acc"] <= 1.0
+            assert all(len(values) == script.N_EVAL for values in result["predict"].values()), result["predict"].keys()
+            if same_as is not None:
+                assert max_diff(result["params"], _read(out, same_as, ranks)[rank]["params"]) == 0.0
+
+
 def test_contradictions_found_at_run_time_are_refused_naming_both(back) -> None:
     batch = _read(back, "bad-batch", (0,))[0]["refused"]
-    assert "batch_size=4" in batch and "deepspeed_kwargs['config']" in batch and "16" in batch
+    assert "train_dataloader's batch_size=4" in batch and "deepspeed_kwargs['config']" in batch and "16" in batch
     accumulation = _read(back, "bad-accumulation", (0,))[0]["refused"]
     assert "['gradient_accumulation_steps']=4" in accumulation and "accumulation_steps=2" in accumulation
 
