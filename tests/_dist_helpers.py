@@ -1,14 +1,15 @@
 """Helpers for the multi-process tests of every backend: start a command in its own session, wait for it
-with a timeout, and always kill whatever it started."""
+with a timeout, always kill whatever it started, and list the TCP ports its processes listen on."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,3 +104,100 @@ def wait_for_file(path: Path, timeout: float) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"{path} did not appear within {timeout} s")
         time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ listening sockets
+_LISTEN = "0A"  # the TCP state LISTEN in /proc/net/tcp
+_LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A TCP socket in LISTEN state that process ``pid`` holds."""
+
+    pid: int
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    port: int
+
+    @property
+    def loopback(self) -> bool:
+        """Reachable from this machine only (127.0.0.0/8, ::1, or ::ffff:127.x.x.x)."""
+        address = getattr(self.address, "ipv4_mapped", None) or self.address
+        return any(address in net for net in _LOOPBACK)
+
+    def __str__(self) -> str:
+        host = f"[{self.address}]" if self.address.version == 6 else str(self.address)
+        return f"{host}:{self.port} (pid {self.pid})"
+
+
+def session_pids(leader: int) -> list[int]:
+    """The processes of the session ``leader`` started (``start_new_session=True``): a run and all it spawned."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == leader:  # pid (comm) state ppid pgrp session: the session is the 4th after comm
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    return inodes
+
+
+def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address of /proc/net/tcp{,6}: 32-bit words in host (little-endian) byte order."""
+    raw = bytes.fromhex(hex_address)
+    return ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+
+
+def listeners(pids: Iterable[int]) -> list[Listener]:
+    """Every TCP socket in LISTEN state (IPv4 and IPv6) held by one of ``pids`` (Linux ``/proc``)."""
+    found = []
+    for pid in pids:
+        inodes = _socket_inodes(pid)
+        for table in ("tcp", "tcp6"):
+            try:
+                with open(f"/proc/{pid}/net/{table}") as f:
+                    rows = f.read().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                fields = row.split()
+                if fields[3] == _LISTEN and fields[9] in inodes:
+                    host, port = fields[1].split(":")
+                    found.append(Listener(pid, _address(host), int(port, 16)))
+    return found
+
+
+def process_env(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` started with."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = [item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item]
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def assert_loopback_only(leader: int, allowed: Mapping[int, str] | None = None) -> list[Listener]:
+    """Fail when a process of the session ``leader`` listens beyond loopback, except on the ports of
+    ``allowed`` (``{port: why}``: a framework's own server that binds every interface); return what it listens on."""
+    heard = listeners(session_pids(leader))
+    exposed = [str(s) for s in heard if not s.loopback and s.port not in (allowed or {})]
+    assert not exposed, f"listening beyond loopback: {exposed} (all: {[str(s) for s in heard]})"
+    return heard

@@ -17,7 +17,8 @@ group, and they are written here once:
 
 The store is the backend's (torch's ``TCPStore``, paddle's, ...): anything with
 ``set(key, value)``, ``get(key) -> bytes``, ``add(key, n) -> int`` and
-``check([key]) -> bool``; :class:`CheckedStore` adds ``check`` to a store without one.
+``check([key]) -> bool``; :class:`CheckedStore` adds ``check`` to a store without one,
+and :class:`~drivetrain._folder_store.FolderStore` needs no socket at all.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn, Protocol
 
 from ._errors import DriverError
+from ._folder_store import FolderStore
 
 SPAWN_PARENT_ENV = "DRIVETRAIN_SPAWN_PARENT"
 """Set in the environment of processes the Trainer started; holds the parent's pid."""
@@ -47,6 +49,7 @@ EXIT_KEY = PREFIX + "exit/{rank}"
 """Set by the launcher when a process it started exits with a non-zero code."""
 
 LOCALHOST = "127.0.0.1"
+LOOPBACK_INTERFACES = ("lo", "lo0")  # the loopback interface's name on Linux, on macOS and the BSDs
 _PR_SET_PDEATHSIG = 1
 _POLL = 0.1
 _STOP_GRACE = 2.0  # seconds the children get to end by themselves once this process failed
@@ -290,6 +293,21 @@ def free_ports(count: int, host: str = LOCALHOST) -> list[int]:
             sock.close()
 
 
+def loopback_env() -> dict[str, str]:
+    """The variables that keep gloo's and NCCL's sockets of a run on this machine on the loopback interface.
+
+    Both listen on the address the host name resolves to unless told an interface, and that address is
+    usually the machine's network address; every process of a self-launched run is on this machine, so
+    the network never needs to reach them. Empty where no loopback interface is found by name.
+    """
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except (OSError, AttributeError):  # no interface list on this platform
+        return {}
+    interface = next((name for name in LOOPBACK_INTERFACES if name in names), None)
+    return {} if interface is None else {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}
+
+
 def local_launch_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     """The variables ``torchrun``-style launchers set for ``rank`` of a run on this machine whose
     rendezvous is ``port`` on 127.0.0.1 (``MASTER_ADDR``/``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ...)."""
@@ -325,7 +343,8 @@ class Launcher:
 
     # ------------------------------------------------------------------ starting
     def start(self, store: Store, child_env: Callable[[int], Mapping[str, str]]) -> None:
-        """Start ranks 1..N-1 with this environment plus ``child_env(rank)``; ``store`` is the run's store."""
+        """Start ranks 1..N-1 with this environment plus ``child_env(rank)``; ``store`` is the run's store
+        (a :class:`FolderStore` is removed at exit, once every child ended)."""
         self.store = store
         atexit.register(self._at_exit)
         self._spawn(range(1, self.world_size), child_env)
@@ -456,6 +475,7 @@ class Launcher:
              "noticed (it is not waiting in any collective operation); stopping every process. Raise "
              f"{self.timeout_option} if rank 0 legitimately works alone that long.")
         self._stop(self._running())
+        self._remove_folder()
         os._exit(1)
 
     # ------------------------------------------------------------------ ending
@@ -511,11 +531,17 @@ class Launcher:
         except KeyboardInterrupt:
             self._stop(self._running())
         self._join_pumps()
+        self._remove_folder()
         failures = self.failures()
         if failures:
             listed = "; ".join(f"rank {r} {what}" for r, what in sorted(failures.items()))
             _say(f"a process started by the Trainer failed: {listed}.")
             os._exit(1)
+
+    def _remove_folder(self) -> None:
+        """Delete the run's :class:`FolderStore` (every child ended; this process is leaving)."""
+        if isinstance(self.store, FolderStore):
+            self.store.remove()
 
 
 def _flush() -> None:

@@ -84,6 +84,7 @@ from ._distributed import (
 from ._driver import Driver
 from ._driver_factory import module_driver_factory, planned_distributed
 from ._errors import DistributedError, DriverError
+from ._folder_store import FolderStore
 from ._log import ignore_framework_log_format
 from ._lr_groups import group_multipliers, shared_rate
 from ._module_driver import NULL_CONTEXT, ModuleDriver, call_through_wrapper
@@ -107,6 +108,7 @@ from ._spawn import (
     exit_description,
     free_ports,
     local_launch_env,
+    loopback_env,
     pump_output,
     relaunch_command,
     startup_patience,
@@ -144,6 +146,7 @@ __all__ = [
     "SPAWN_PARENT_ENV",  # set in the environment of processes the Trainer started
     "CheckedStore",
     "ThreadStore",  # a CheckedStore with one connection per thread (a store handle that cannot be shared)
+    "FolderStore",  # a store of files in a private folder: notices between processes of one machine, no socket
     "FailureBoard",
     "Launcher",
     "die_with_parent",  # a preexec_fn: the child gets SIGKILL when the given parent dies (Linux)
@@ -155,6 +158,7 @@ __all__ = [
     "free_ports",  # TCP ports nobody listens on right now, for a rendezvous on this machine
     "startup_patience",  # how long starting the processes may take: the timeout, but at least a minute
     "local_launch_env",  # torchrun's MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/... for one rank on this machine
+    "loopback_env",  # GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME naming the loopback interface, for a run on this machine
     # distributed drivers (see drivetrain._distributed, drivetrain._dist_options)
     "COMM_ERROR_MARKERS",  # words in an error's text that mean a collective broke on the connection
     "CollectiveGuard",  # wraps collectives: a broken one raises DistributedError naming the failed peer

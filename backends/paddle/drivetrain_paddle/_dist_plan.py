@@ -41,7 +41,8 @@ from drivetrain.backend import DistPlan as _CorePlan
 from ._device import Device, model_device, resolve_device
 
 SPAWN_STORE_ENV = "DRIVETRAIN_SPAWN_STORE"
-"""``host:port`` of the store the parent of spawned processes hosts (start-up and exit notices)."""
+"""The folder of the store the parent of spawned processes made (start-up and exit notices; a
+:class:`drivetrain.backend.FolderStore`: paddle's own store would listen on every interface)."""
 
 DEFAULT_TIMEOUT = 30.0
 GLOO_LIMIT = 30.0
@@ -97,8 +98,8 @@ class DistPlan(_CorePlan):
     overlap: bool  # average the gradients in DataParallel's reducer during backward, else once per step after it
     sharding: str | None = None
     """paddle's group sharding level (``'os'``, ``'os_g'``, ``'p_g_os'``), or None for data parallelism."""
-    spawn_store: tuple[str, int] | None = None
-    """(address, port) of the store the parent of spawned processes hosts (``spawned`` only)."""
+    spawn_store: str | None = None
+    """The folder of the store the parent of spawned processes made (``spawned`` only)."""
     gpus: tuple[int, ...] | None = None
     """The GPU of each rank, for the processes this one starts (``spawn`` on GPUs only)."""
 
@@ -110,7 +111,7 @@ class _Env:
     layout: LauncherEnv
     master: tuple[str, int] | None
     backend: str | None
-    spawn_store: tuple[str, int] | None
+    spawn_store: str | None
 
 
 def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
@@ -157,7 +158,7 @@ def _existing_plan(inner: Any, device: Any, nproc: Any, options: Mapping[str, An
 
 def _make_plan(launch: str, device: Any, env: LauncherEnv, model: Any, options: Mapping[str, Any],
                master: tuple[str, int] | None = None, *, backend: str | None = None,
-               spawn_store: tuple[str, int] | None = None) -> DistPlan:
+               spawn_store: str | None = None) -> DistPlan:
     resolved = DEVICES.for_rank(device, model, env.local_rank, env.local_world_size)
     backend = process_group_backend(options, argument=_OPTIONS, on_gpu=resolved.kind == "gpu", device=device,
                                     where=resolved, default=None if backend == "auto" else backend, gloo_on_gpu=False)
@@ -250,8 +251,19 @@ def read_env() -> _Env | None:
                 f"list one host:port per process. {LAUNCH_HINT}."
             )
         master = master_address()
-    spawn_store = env_address(SPAWN_STORE_ENV, hint=LAUNCH_HINT) if SPAWN_STORE_ENV in os.environ else None
-    return _Env(launched, master, os.environ.get("PADDLE_DISTRI_BACKEND"), spawn_store)
+    return _Env(launched, master, os.environ.get("PADDLE_DISTRI_BACKEND"), _spawn_store())
+
+
+def _spawn_store() -> str | None:
+    """The store folder of a process the Trainer started, or None for any other process."""
+    folder = os.environ.get(SPAWN_STORE_ENV)
+    if folder is not None and not os.path.isdir(folder):
+        raise DriverError(
+            f"{SPAWN_STORE_ENV}={folder!r} is not a folder. The Trainer sets it for the processes it starts, and "
+            f"the one that started this process has ended; unset {SPAWN_STORE_ENV}, or start every process with "
+            "nproc= or device=[...] from a plain python train.py."
+        )
+    return folder
 
 
 def master_address() -> tuple[str, int]:

@@ -4,13 +4,17 @@ The machinery (re-running the command line, watching the children, naming the on
 that failed) is the core's :class:`drivetrain.backend.Launcher`; what is paddle's own
 is the environment: the variables ``python -m paddle.distributed.launch`` would set for
 each process (its rank, the endpoints, the process group's store), on free ports of
-127.0.0.1, and a small store this process hosts for the start-up and exit notices.
-Unlike paddle's launcher, nothing is written to a ``./log`` folder: the children's
+127.0.0.1, gloo and NCCL kept on the loopback interface, and a store in a private folder
+(:class:`drivetrain.backend.FolderStore`) for the start-up and exit notices and the failure
+board. Unlike paddle's launcher, nothing is written to a ``./log`` folder: the children's
 output goes to this process's terminal.
 
-paddle's ``TCPStore`` is the store of the core's failure board and launcher through
-:class:`drivetrain.backend.ThreadStore`: its ``get`` waits for a missing key and it has
-no ``check``, and a handle is one TCP connection, not meant to be shared between threads.
+paddle's own ``TCPStore`` listens on every interface whatever host it is given, so the only
+port such a run opens beyond loopback is the process group's store, which paddle's
+``init_parallel_env`` makes itself. Where paddle's launcher started the processes, its store
+also carries the failure board, through :class:`drivetrain.backend.ThreadStore`: its ``get``
+waits for a missing key, it has no ``check``, and a handle is one TCP connection, not meant
+to be shared between threads.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from typing import Any
 
 from drivetrain.backend import (
     LOCALHOST,
+    FolderStore,
     Launcher,
     ThreadStore,
     free_ports,
+    loopback_env,
     relaunch_command,
-    startup_patience,
 )
 
 from ._dist_plan import SPAWN_STORE_ENV
@@ -34,14 +39,12 @@ _LAUNCHER_VARS = ("PADDLE_", "FLAGS_selected_gpus", "MASTER_ADDR", "MASTER_PORT"
 _CONNECT_TIMEOUT = 10  # seconds
 
 
-def paddle_store(address: tuple[str, int], *, host_for: float | None = None) -> ThreadStore:
-    """paddle's store at ``address``; with ``host_for`` (its timeout) this process hosts it, as a server
-    nobody else waits for (world size 1)."""
+def paddle_store(address: tuple[str, int]) -> ThreadStore:
+    """Connections to paddle's store at ``address`` (the process group's, which rank 0 hosts)."""
     from paddle.base import core
 
     host, port = address
-    hosted = None if host_for is None else core.TCPStore(host, port, True, 1, int(host_for))
-    return ThreadStore(lambda: core.TCPStore(host, port, False, 1, _CONNECT_TIMEOUT), f"{host}:{port}", hosted)
+    return ThreadStore(lambda: core.TCPStore(host, port, False, 1, _CONNECT_TIMEOUT), f"{host}:{port}")
 
 
 def paddle_relaunch_command(**kwargs: Any) -> list[str]:
@@ -66,18 +69,19 @@ def paddle_env(rank: int, world_size: int, ports: list[int], backend: str, gpus:
 
 
 def start_children(world_size: int, timeout: float, output: str, command: list[str], backend: str,
-                   gpus: list[int] | None) -> tuple[Launcher, ThreadStore, dict[str, str]]:
-    """Host the notice store, start ranks 1..N-1 with paddle's variables.
+                   gpus: list[int] | None) -> tuple[Launcher, FolderStore, dict[str, str]]:
+    """Make the notice store, start ranks 1..N-1 with paddle's variables.
 
     Returns the launcher, the store and the variables of this process (rank 0), which
     ``init_parallel_env`` reads from ``os.environ``.
     """
-    ports = free_ports(world_size + 2)
-    store = paddle_store((LOCALHOST, ports[-1]), host_for=startup_patience(timeout))
+    ports = free_ports(world_size + 1)
+    store = FolderStore.create()
+    local = loopback_env()
     launcher = Launcher(world_size, timeout, output, command, timeout_option=TIMEOUT_OPTION, drop_env=_LAUNCHER_VARS)
 
     def child_env(rank: int) -> dict[str, str]:
-        return {**paddle_env(rank, world_size, ports, backend, gpus), SPAWN_STORE_ENV: f"{LOCALHOST}:{ports[-1]}"}
+        return {**paddle_env(rank, world_size, ports, backend, gpus), **local, SPAWN_STORE_ENV: store.folder}
 
     launcher.start(store, child_env)
-    return launcher, store, paddle_env(0, world_size, ports, backend, gpus)
+    return launcher, store, {**paddle_env(0, world_size, ports, backend, gpus), **local}

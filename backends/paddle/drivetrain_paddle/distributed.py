@@ -52,6 +52,7 @@ from drivetrain.backend import (
     DistributedError,
     DriverError,
     FailureBoard,
+    FolderStore,
     ThreadStore,
     Watchdog,
     end_process,
@@ -101,7 +102,7 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
         if plan.launch == "spawn":
             self._command = paddle_relaunch_command()  # refuse a notebook / python -c before anything starts
         self._dp: Any = user_dp
-        self._store: ThreadStore | None = None
+        self._store: ThreadStore | FolderStore | None = None
         self._guard = CollectiveGuard(plan.rank, plan.world_size, markers=_COMM_MARKERS, error_line=-1,
                                       silent_peer=self._silent_peer)
         self._group: Any = None  # the group gradients are averaged over (None: every process)
@@ -157,8 +158,7 @@ class PaddleDataParallelDriver(DistributedDriverMixin, PaddleSingleDriver):
             with self._guard.starting():  # a failure stops the children at exit rather than waits for them
                 launcher.wait_ready()
         elif plan.launch == "spawned":
-            self._store = paddle_store(plan.spawn_store)
-            self._store.connect_here()
+            self._store = FolderStore(plan.spawn_store)
             self._store.set(READY_KEY.format(rank=plan.rank), "1")  # the parent waits for it
         if plan.launch != "existing":
             os.environ["PADDLE_DISTRI_BACKEND"] = plan.backend

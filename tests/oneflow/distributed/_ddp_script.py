@@ -14,7 +14,7 @@ writes ``OUT/resume-rank<r>.json``.
 
 ``fail`` trains slowly and misbehaves on rank 1 at batch ``FAIL_AT``: ``raise`` raises,
 ``kill`` sends itself SIGKILL, ``stall`` sleeps forever (outside any driver call).
-Every rank writes ``OUT/pid-rank<r>`` at the start.
+Every rank writes ``OUT/pid-rank<r>`` at the start and ``OUT/at-rank<r>`` at batch ``FAIL_AT``.
 
 Everything before ``Trainer(...)`` runs in every process (and, with ``--nproc``, in the
 supervisor too), as the docs say it will.
@@ -148,7 +148,11 @@ def fail(out: str, mode: str, timeout: float, nproc: int | None) -> None:
 
     def misbehave(t) -> None:
         time.sleep(0.05)
-        if t.driver.rank != 1 or t.global_forward_batches != FAIL_AT:
+        if t.global_forward_batches != FAIL_AT:
+            return
+        with open(os.path.join(out, f"at-rank{t.driver.rank}"), "w") as f:
+            f.write(str(time.time()))
+        if t.driver.rank != 1:
             return
         if mode == "raise":
             raise RuntimeError("rank 1 fails on purpose")

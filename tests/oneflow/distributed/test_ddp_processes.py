@@ -21,6 +21,7 @@ from drivetrain import Trainer, predict
 from drivetrain._errors import DriverError
 from drivetrain._plugins import create_driver
 
+from ..._dist_helpers import listeners, session_pids, wait_for_file
 from ..conftest import flow
 from . import _ddp_script as script
 from .conftest import alive, oneflow_launch, self_launch
@@ -144,6 +145,8 @@ def test_resume_inside_an_accumulation_cycle_is_exact(launch, tmp_path, launched
 def test_a_failing_rank_takes_every_process_down_in_bounded_time(launch, tmp_path, how, mode) -> None:
     command = oneflow_launch if how == "oneflow" else self_launch
     group = launch(command("fail", str(tmp_path), mode, "--timeout", str(FAIL_TIMEOUT)))
+    if how == "self" and mode == "stall":  # both workers alive until the timeout: what does the run listen on?
+        _only_oneflows_control_servers_listen_beyond_loopback(group.proc.pid, tmp_path)
     done = group.wait(TIMEOUT)
     assert done.returncode != 0, done.output[-3000:]
     assert done.seconds < 60, f"took {done.seconds:.0f} s:\n{done.output[-3000:]}"
@@ -158,6 +161,16 @@ def test_a_failing_rank_takes_every_process_down_in_bounded_time(launch, tmp_pat
         assert "drivetrain: the distributed run failed: rank" in done.output
         if mode == "kill":
             assert "rank 1 of 2 was killed by SIGKILL" in done.output
+
+
+def _only_oneflows_control_servers_listen_beyond_loopback(leader: int, out: Path) -> None:
+    """The supervisor (drivetrain's) listens on nothing; each worker on oneflow's control server only, which
+    oneflow 0.9 binds to every interface with no setting to change it (see docs/distributed.md)."""
+    wait_for_file(out / "at-rank1", timeout=60)
+    workers = sorted(int((out / f"pid-rank{r}").read_text()) for r in (0, 1))
+    heard = listeners(session_pids(leader))
+    assert not [s for s in heard if s.pid not in workers], [str(s) for s in heard]
+    assert sorted(s.pid for s in heard if not s.loopback) == workers, [str(s) for s in heard]
 
 
 def test_under_pytest_the_trainer_cannot_start_processes_and_says_so() -> None:

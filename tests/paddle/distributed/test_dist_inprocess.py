@@ -143,6 +143,13 @@ def test_an_incomplete_launcher_environment_is_explained(monkeypatch, env, fragm
     assert fragment in str(info.value) and "python -m paddle.distributed.launch" in str(info.value)
 
 
+def test_a_started_process_whose_store_folder_is_gone_says_so(launched, tmp_path) -> None:
+    launched(1, DRIVETRAIN_SPAWN_STORE=str(tmp_path / "gone"))
+    with pytest.raises(DriverError, match=r"DRIVETRAIN_SPAWN_STORE='.*gone' is not a folder\..*unset "
+                                          r"DRIVETRAIN_SPAWN_STORE"):
+        _driver()
+
+
 @pytest.mark.parametrize(
     ("options", "fragment"),
     [

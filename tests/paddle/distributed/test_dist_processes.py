@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ..._dist_helpers import assert_loopback_only, process_env
 from . import _dist_script as script
 from .conftest import ProcessGroup, alive, free_ports, paddle_launch, preset_env, spawn, wait_for_file
 
@@ -229,6 +231,7 @@ def test_trainer_starts_the_other_process_itself_in_fleet_mode(launch, tmp_path,
         assert _max_diff(result["params"], reference["params"]) < 1e-5
         assert result["eval"] == pytest.approx(reference["eval"], abs=1e-12)
     assert not (tmp_path / "log").exists()
+    assert not list(Path(tempfile.gettempdir()).glob(f"drivetrain-run-{full[0]['pid']}-*"))  # its store, removed
 
 
 def test_an_environment_set_by_a_scheduler_and_a_users_data_parallel_model(launch, tmp_path, reference) -> None:
@@ -314,9 +317,13 @@ def test_a_stalled_rank_fails_the_others_after_the_timeout(launch, tmp_path, ove
 @OVERLAP
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-rank1", "kill-rank0-the-launcher"])
 def test_a_killed_rank_takes_every_process_down(launch, tmp_path, victim, overlap) -> None:
+    """Also, while both ranks train: nothing listens beyond loopback but paddle's own process-group store."""
     group = launch(spawn("fail", str(tmp_path), "mark", "--timeout", "20", *overlap))
     wait_for_file(tmp_path / f"at-rank{victim}", timeout=60)
     pids = _pids(tmp_path)
+    master = int(process_env(pids[1])["PADDLE_MASTER"].rsplit(":", 1)[1])
+    heard = assert_loopback_only(group.proc.pid, {master: "paddle's TCPStore binds every interface, whatever its host"})
+    assert master in {s.port for s in heard}  # the listing sees it
     os.kill(pids[victim], signal.SIGKILL)
     took = _all_gone(pids, within=20)
     done = group.wait(TIMEOUT)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ..._dist_helpers import assert_loopback_only
 from . import _ddp_script as script
 from .conftest import alive, spawn, torchrun, wait_for_file
 
@@ -246,8 +247,10 @@ def test_the_launcher_stuck_outside_collectives_is_stopped_when_a_rank_fails(lau
 
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-rank1", "kill-rank0-the-launcher"])
 def test_a_killed_rank_takes_every_process_down(launch, tmp_path, victim) -> None:
+    """Also, while both ranks train: a run on one host listens on loopback only (store, gloo)."""
     group = launch(spawn("fail", str(tmp_path), "mark", "--timeout", "20"))
     wait_for_file(tmp_path / f"at-rank{victim}", timeout=60)
+    assert assert_loopback_only(group.proc.pid)  # and the listing sees them (the store at least)
     pids = _pids(tmp_path)
     os.kill(pids[victim], signal.SIGKILL)
     took = _all_gone(pids, within=20)
