@@ -15,9 +15,11 @@ modulo the vocabulary, a pattern a small model learns in a minute.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -41,17 +43,38 @@ class Counting(Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+def base_model(size: str, vocab: int, length: int):
+    """GPT-2 from its config, for this toy vocabulary: no begin or end token (GPT-2's 50256 is not in it), and the
+    causal-LM loss named (transformers cannot tell it from the class name GPT2LMHeadModel, and says so)."""
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=length, use_cache=False, bos_token_id=None,
+                                     eos_token_id=None, **SIZES[size])
+    model = transformers.GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+@contextlib.contextmanager
+def peft_reads_a_deprecated_property():
+    """peft 0.21 (the newest) asks every model for ``is_gradient_checkpointing``, which transformers 5 deprecated:
+    a FutureWarning that no setting of this script causes. Only that warning, only around peft's two calls, is
+    not shown; every other warning is."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def build_model(size: str, vocab: int, length: int):
     """The base model (from its config: the same weights for the same seed) with a LoRA adapter."""
     import peft
-    import transformers
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=vocab, n_positions=length, use_cache=False, **SIZES[size])
-    base = transformers.GPT2LMHeadModel(config)
+    base = base_model(size, vocab, length)
     lora = peft.LoraConfig(r=16, lora_alpha=32, target_modules=["c_attn", "c_fc", "c_proj"], lora_dropout=0.0,
                            fan_in_fan_out=True, task_type="CAUSAL_LM")
-    return peft.get_peft_model(base, lora)
+    with peft_reads_a_deprecated_property():
+        return peft.get_peft_model(base, lora)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -113,12 +136,10 @@ def main(argv: list[str] | None = None) -> dict:
     adapter = os.path.join(args.out, "adapter")
     trainer.save_model(adapter)  # adapter_model.safetensors + adapter_config.json (peft's files) + drivetrain's
     import peft
-    import transformers
 
     torch.manual_seed(0)
-    base = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=vocab, n_positions=length,
-                                                                use_cache=False, **SIZES[args.size]))
-    reloaded = peft.PeftModel.from_pretrained(base, adapter).eval()
+    with peft_reads_a_deprecated_property():
+        reloaded = peft.PeftModel.from_pretrained(base_model(args.size, vocab, length), adapter).eval()
     prompt = torch.tensor([[10, 11, 12, 13]])
     with torch.no_grad():
         generated = reloaded.generate(input_ids=prompt, max_new_tokens=6, do_sample=False, pad_token_id=0,

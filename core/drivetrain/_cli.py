@@ -4,7 +4,7 @@
 ``drivetrain backends`` lists the installed backends, their contract compatibility and the
 plugins that were refused; ``drivetrain backends --check NAME`` runs the conformance checks
 of ``drivetrain.testing`` on one installed backend and prints a pass/fail table per group.
-``drivetrain plot RUN_DIR ... [-o curves.png]`` draws the curves of one or several run records.
+``drivetrain plot RUN_DIR ... [-o PATH]`` draws the curves of one or several run records (default: RUN_DIR/curves.png).
 ``drivetrain export CKPT [-o model.safetensors] [--base BASE]`` writes a checkpoint's model weights as one safetensors
 file (with ``--base``, a LoRA adapter folded into its base model's weights).
 ``drivetrain convert FOLDER --to paddle -o OUT`` writes a model folder of another framework as driver paddle's.
@@ -13,6 +13,7 @@ file (with ``--base``, a LoRA adapter folded into its base model's weights).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TextIO
 
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     plot = sub.add_parser("plot", help="draw loss, learning rate and evaluation metrics of run records "
                           "(several folders: overlaid)")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a folder holding metrics.jsonl or metrics.csv")
-    plot.add_argument("-o", "--output", default="curves.png", help="the image to write (default: curves.png)")
+    plot.add_argument("-o", "--output", default=None, help="the image to write (default: curves.png in the first "
+                      "RUN_DIR, beside its record)")
     export = sub.add_parser("export", help="write the model weights of a checkpoint as one safetensors file "
                             "(names as the model's state_dict keys)")
     export.add_argument("checkpoint", metavar="CKPT", help="a checkpoint or save_model folder, or a folder of "
@@ -176,12 +178,12 @@ def _convert(source: str, to: str, output: str, out: TextIO, source_driver: str 
     return 0
 
 
-def _plot(run_dirs: list[str], output: str, out: TextIO) -> int:
+def _plot(run_dirs: list[str], output: str | None, out: TextIO) -> int:
     from ._errors import ConfigurationError
-    from ._records.plot import plot_runs
+    from ._records.plot import DEFAULT_NAME, plot_runs
 
     try:
-        path = plot_runs(run_dirs, output)
+        path = plot_runs(run_dirs, output or os.path.join(run_dirs[0], DEFAULT_NAME))
     except ConfigurationError as exc:
         print(f"drivetrain plot: {exc}", file=sys.stderr)
         return 1

@@ -21,7 +21,9 @@ import numpy as np
 from ._checkpoint import safetensors_writer
 from ._checkpoint.safetensors_writer import TensorEntry
 from ._errors import DriverError, DrivetrainError
+from ._loader_checks import check_not_data
 from ._param_matching import auto_param_call, explain_call_failure
+from ._public_names import public_name
 
 if TYPE_CHECKING:
     from ._checkpoint.shard_layout import ShardSource, StateShards
@@ -113,13 +115,16 @@ class Driver(abc.ABC):
         self.optimizers: list[Any] = []
 
     # ------------------------------------------------------------------ lifecycle
-    def configure_loop(self, *, accumulation_steps: int) -> None:
+    def configure_loop(self, *, accumulation_steps: int, train_dataloader: Any = None) -> None:
         """The Trainer's loop settings, given once before :meth:`setup`: a driver whose engine needs them (DeepSpeed's
-        ``gradient_accumulation_steps``) checks and takes them here, so a contradiction fails when the Trainer is
-        built. Default: nothing.
+        ``gradient_accumulation_steps`` and micro-batch size) checks and takes them here, so a contradiction fails
+        when the Trainer is built. This is the one place a driver learns which dataloader trains:
+        :meth:`set_dist_repro_dataloader` also receives evaluation and prediction dataloaders, whose batch sizes
+        may differ, and at a world of one it cannot tell them apart. Default: nothing.
 
         Args:
             accumulation_steps: the Trainer's ``accumulation_steps``.
+            train_dataloader: the Trainer's ``train_dataloader``, as the user gave it.
         """
 
     def setup(self) -> None:
@@ -293,10 +298,14 @@ class Driver(abc.ABC):
             return
         items = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
         for i, opt in enumerate(items):
+            where = "optimizers" if len(items) == 1 else f"optimizers[{i}]"
+            if isinstance(opt, type):  # the class, not an optimizer made from it
+                example = getattr(self, "optimizer_example", None) or "an optimizer over model.parameters()"
+                raise DriverError(f"{where}={public_name(opt)} is a class, not an optimizer; create one from the "
+                                  f"model's parameters, e.g. {example}.")
             problem = self._check_optimizer(opt)
             if problem:
-                where = "optimizers" if len(items) == 1 else f"optimizers[{i}]"
-                raise DriverError(f"{where}={type(opt).__module__}.{type(opt).__qualname__}: {problem}")
+                raise DriverError(f"{where}={public_name(type(opt))}: {problem}")
         self.optimizers = items
 
     def _check_optimizer(self, optimizer: Any) -> str | None:
@@ -412,7 +421,8 @@ class Driver(abc.ABC):
         return False
 
     def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
-        """Raise a :class:`DriverError` naming ``argument`` when ``dataloader`` cannot be iterated.
+        """Raise a :class:`DriverError` naming ``argument`` when ``dataloader`` cannot be iterated, or is the data
+        itself (an array, a tensor of this framework, a dict of them: the fix names the framework's dataloader).
 
         Args:
             dataloader: what the user passed as a dataloader.
@@ -421,6 +431,7 @@ class Driver(abc.ABC):
         Raises:
             DriverError: the dataloader cannot be used.
         """
+        check_not_data(dataloader, argument, self)
         if not isinstance(dataloader, (Iterator, Mapping)) and not hasattr(dataloader, "__iter__"):
             raise DriverError(
                 f"{argument}={type(dataloader).__name__} is not iterable; pass a dataloader or any iterable of batches."

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 
 
@@ -55,11 +55,28 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
+def _create_temp(directory: str, name: str) -> str:
+    """An empty new file ``.<name>.<random>.tmp`` in ``directory``, created with the mode the umask leaves of 0666.
+
+    Why not ``tempfile.mkstemp``: it creates files 0600 whatever the umask, and the rename keeps that mode, so
+    a record or a model file would be unreadable to the colleague's TensorBoard, MLflow or loader that the
+    umask (0644 under 022, 0640 under 027) lets read every other file the user writes.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        path = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(path, flags, 0o666))
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"could not create a temporary file beside {os.path.join(directory, name)}")
+
+
 @contextlib.contextmanager
 def _temp_path(final_path: str) -> Iterator[str]:
     directory = os.path.dirname(os.path.abspath(final_path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(final_path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
+    tmp = _create_temp(directory, os.path.basename(final_path))
     try:
         yield tmp
     finally:

@@ -67,9 +67,10 @@ class ModuleDriver(Driver):
     - ``accepted_kwargs``: ``{option: meaning}`` of ``<name>_kwargs``.
     - ``distributed_only_kwargs``: options that only a distributed run accepts (refused here
       with a hint to train distributed: ``distributed_hint``).
-    - ``optimizer_example`` / ``dataloader_example`` / ``loss_example`` / ``to_tensor_example``: code shown
-      in error messages (a classification loss of ``outputs`` and ``batch['label']``; a numpy ``array`` made a
-      tensor).
+    - ``optimizer_example`` / ``dataloader_example`` / ``loss_example`` / ``to_tensor_example`` /
+      ``tensor_dataloader_example``: code shown in error messages (a classification loss of ``outputs`` and
+      ``batch['label']``; a numpy ``array`` made a tensor; arrays ``x`` and ``y`` made a dataloader, for the
+      user who passes the data itself as ``train_dataloader``).
     - ``state_ops``: the backend's state module, with ``model_state(model)``,
       ``load_model_state(model, state)``, ``frozen_parameter_names(model)`` (optional), ``tensor_buffer(tensor)``,
       ``tensors_from_bytes(data)``, ``gradient_state(model)``,
@@ -113,6 +114,7 @@ class ModuleDriver(Driver):
     dataloader_example: str = "a DataLoader(dataset, batch_size=32, shuffle=True)"
     loss_example: str = "torch.nn.functional.cross_entropy(outputs, batch['label'])"
     to_tensor_example: str = "torch.as_tensor(array)"
+    tensor_dataloader_example: str = "a DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)"
     no_grad_advice: str = (": did you compute it under no_grad or detach it? (Also check that the model has "
                            "trainable parameters.)")
     """What follows "the model's output 'loss' does not require grad": the framework's words for a tensor
@@ -204,8 +206,6 @@ class ModuleDriver(Driver):
         return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _check_optimizer(self, optimizer: Any) -> str | None:
-        if isinstance(optimizer, type):
-            return f"is a class, not an optimizer; create one from the model's parameters, e.g. {self.optimizer_example}."
         if not isinstance(optimizer, self.optimizer_type):
             framework = (type(optimizer).__module__ or "").split(".")[0]
             origin = f" (a {framework} object)" if framework and framework not in ("builtins", self.name) else ""

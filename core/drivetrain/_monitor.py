@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._errors import ConfigurationError
-from ._suggest import did_you_mean
+from ._suggest import did_you_mean, stands_for
 
 
 def result_key_parts(key: str) -> list[str]:
@@ -41,7 +41,7 @@ def find_monitor_value(results: Mapping[str, float], monitor: str | Callable[[Ma
             )
     raise ConfigurationError(
         f"monitor={monitor!r} matches no evaluation result; results are {list(results)}."
-        f"{did_you_mean(monitor, results)} Pass one of these keys ('result#metric#dataloader'), a result or "
+        f"{_closest_key(monitor, list(results))} Pass one of these keys ('result#metric#dataloader'), a result or "
         "metric name (with several dataloaders, the first one given is used), or a function(results) -> float."
     )
 
@@ -82,7 +82,29 @@ def validate_monitor(monitor: Any, metrics: Mapping[str, Any] | None,
         raise ConfigurationError(
             f"monitor={monitor!r} names no single metric result; it can be one of {sorted(accepted)} "
             "(optionally followed by '#<dataloader name>'), or a function(results) -> float."
+            f"{_closest_key(monitor, _full_keys(metrics, dataloader_names))}"
         )
+
+
+def _full_keys(metrics: Mapping[str, Any], dataloader_names: Sequence[str] | None) -> list[str]:
+    """The result keys evaluation will produce (``"acc#acc#dev"``), as far as they are known before it runs."""
+    loaders = [name for name in dataloader_names or () if name] or [""]
+    return [f"{result}#{metric_name}" + (f"#{loader}" if loader else "")
+            for loader in loaders for metric_name, metric in metrics.items()
+            for result in getattr(metric, "result_names", None) or ()]
+
+
+def _closest_key(monitor: str, keys: Sequence[str]) -> str:
+    """" Did you mean 'acc#acc#dev'?": the full key closest to ``monitor``, also when ``monitor`` is another
+    library's name for a result or metric (``"accuracy"`` for ``acc``); ``""`` when none is close."""
+    close = did_you_mean(monitor, keys)
+    if close:
+        return close
+    first = result_key_parts(monitor)[0]
+    for key in keys:
+        if stands_for(first, result_key_parts(key)[:2]):
+            return f" Did you mean {key!r}?"
+    return ""
 
 
 def _check_dataloader_part(monitor: str, wanted: list[str], dataloader_names: Sequence[str]) -> None:

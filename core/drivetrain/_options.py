@@ -10,7 +10,7 @@ from typing import Any
 from ._driver import PRECISIONS, Driver
 from ._errors import ConfigurationError
 from ._plugins import create_driver
-from ._suggest import close_matches
+from ._suggest import close_matches, did_you_mean
 
 BACKEND_KWARGS_SUFFIX = "_kwargs"
 
@@ -31,14 +31,24 @@ def check_optional_callable(value: Any, argument: str, signature: str) -> None:
         raise ConfigurationError(f"{argument}={value!r} must be a function {signature} or None.")
 
 
+PRECISION_ALIASES = {"16-mixed": "fp16", "bf16-mixed": "bf16", "32-true": "fp32"}
+"""Lightning's names for the precisions drivetrain has (autocast in fp16 or bf16 over fp32 weights; plain fp32)."""
+
+
 def resolve_precision(fp16: Any, precision: Any) -> str:
-    """``fp16=True`` is shorthand for ``precision="fp16"``; the two must not disagree."""
+    """``fp16=True`` is shorthand for ``precision="fp16"``; the two must not disagree. Lightning's names are
+    aliases (``"bf16-mixed"`` is ``"bf16"``)."""
     if not isinstance(fp16, bool):
         raise ConfigurationError(f"fp16={fp16!r} must be True or False (or use precision='fp16'/'bf16').")
     if precision is None:
         return "fp16" if fp16 else "fp32"
+    if isinstance(precision, str):
+        precision = PRECISION_ALIASES.get(precision, precision)
     if precision not in PRECISIONS:
-        raise ConfigurationError(f"precision={precision!r} is not accepted; use one of {list(PRECISIONS)}.")
+        close = did_you_mean(precision, [*PRECISIONS, *PRECISION_ALIASES]) if isinstance(precision, str) else ""
+        raise ConfigurationError(
+            f"precision={precision!r} is not accepted; use one of {list(PRECISIONS)} (or Lightning's "
+            f"{', '.join(map(repr, PRECISION_ALIASES))}).{close}")
     if fp16 and precision != "fp16":
         raise ConfigurationError(f"fp16=True conflicts with precision={precision!r}; pass only one of them.")
     return precision

@@ -135,15 +135,37 @@ def make_batch_namer(signature_fn: Callable, wo_auto_param_call: bool) -> Callab
             return batch
         if required <= len(batch) <= len(names):
             return dict(zip(names, batch, strict=False))  # trailing defaults stay unset
-        example = ", ".join(f"{n!r}: batch[{i}]" for i, n in enumerate(names[:len(batch)]))
         raise BatchMismatchError(
             f"the batch is a {type(batch).__name__} of {len(batch)} values but {fn_name}({', '.join(names)}) takes "
             f"{required if required == len(names) else f'{required} to {len(names)}'} positional parameter(s), so "
-            f"they cannot be matched by position. Pass input_mapping=lambda batch: {{{example}}} to name them, or "
-            "model_wo_auto_param_call=True to receive the whole batch as one argument."
+            f"they cannot be matched by position: {_by_position(names, len(batch))}. Say which value each parameter "
+            f"gets, e.g. input_mapping=lambda batch: {_suggested_mapping(names, len(batch))} (the last value is "
+            "usually the label; None where the batch has no value), or model_wo_auto_param_call=True to receive the "
+            "whole batch as one argument."
         )
 
     return name_batch
+
+
+def _by_position(names: list[str], count: int) -> str:
+    """What matching ``count`` values to ``names`` by position would do, naming every parameter and every value
+    (``"x would get batch[0], mask batch[1], and target no value"``)."""
+    parts = [f"{name} {'would get ' if i == 0 else ''}batch[{i}]" for i, name in enumerate(names[:count])]
+    parts += [f"{name} no value" for name in names[count:]]
+    parts += [f"batch[{i}] goes to no parameter" for i in range(len(names), count)]
+    return ", ".join(parts[:-1]) + f", and {parts[-1]}"
+
+
+def _suggested_mapping(names: list[str], count: int) -> str:
+    """An ``input_mapping`` body giving every parameter a value: the values in order, the last one (the label, by
+    habit) to the last parameter, None to the parameters left over (``{'x': batch[0], 'mask': None, 'target':
+    batch[1]}``)."""
+    if count < 2:  # one value: the input
+        return "{" + ", ".join(f"{name!r}: {'batch[0]' if i == 0 else 'None'}" for i, name in enumerate(names)) + "}"
+    values = {name: f"batch[{i}]" for i, name in enumerate(names[:count - 1])}
+    values.update({name: "None" for name in names[count - 1:-1]})
+    values[names[-1]] = f"batch[{count - 1}]"
+    return "{" + ", ".join(f"{name!r}: {value}" for name, value in values.items()) + "}"
 
 
 def _raw_values(batch: Any, is_tensor: Callable[[Any], bool], path: str = "batch", depth: int = 0) -> list[str]:

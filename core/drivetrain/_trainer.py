@@ -43,17 +43,18 @@ from ._records.recorder import HistoryRecorder, RunRecorder
 from ._sampler import ReproducibleBatchSampler, find_reproducible_sampler
 from ._signals import sigterm_raises
 from ._stateful_data import restore_loader_position
+from ._suggest import MissingAttribute
 from ._trainer_options import (
+    RESUME_LATEST,
     Mappings,
     Records,
     check_driver_instance,
     check_evaluation,
     check_loop_arguments,
+    check_resume_from,
     check_step_functions,
 )
 
-RESUME_LATEST = "latest"
-"""``run(resume_from="latest")``: the newest checkpoint of the trainer's CheckpointCallback(s), or a fresh start."""
 _SAME_AS_TRAINER: Any = type("SameAsTrainer", (), {"__repr__": lambda self: "<the trainer's progress_bar>"})()
 
 
@@ -77,7 +78,8 @@ class Trainer:
     Args:
         model: the model, an object of your framework (a ``torch.nn.Module`` for the torch driver).
         train_dataloader: anything iterable yielding batches (a ``DataLoader``, a list of dicts). With a
-            ``len()`` the Trainer knows the epoch length; without one an epoch ends when it is exhausted.
+            ``len()`` the Trainer knows the epoch length; without one an epoch ends when it is exhausted. The
+            data themselves (an array, a tensor, a dict of arrays) are refused, naming the dataloader to use.
         optimizers: one optimizer or a list, stepped together; None only with a ``batch_step_fn`` that
             updates the model itself.
         driver: ``"auto"`` (the backend that recognises the model's class), a driver name (``"torch"``,
@@ -114,7 +116,8 @@ class Trainer:
         marker: a label; functions registered with ``Trainer.on(event, marker=...)`` attach to every
             Trainer with this marker.
         progress_bar: ``"auto"``, ``"rich"``, ``"raw"``, ``"tqdm"``, None, or a progress callback.
-        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``, as the driver supports it.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``, as the driver supports it (Lightning's
+            ``"bf16-mixed"``, ``"16-mixed"`` and ``"32-true"`` are the same).
         grad_clip: clip gradients before each optimizer step at this value (None: no clipping).
         grad_clip_type: ``"norm"`` rescales all gradients to a global norm of at most ``grad_clip``;
             ``"value"`` clamps each element into ``[-grad_clip, grad_clip]``.
@@ -147,6 +150,10 @@ class Trainer:
     """
 
     _registered_fns: ClassVar[dict[str | None, list[tuple[Event, Callable]]]] = defaultdict(list)
+    _HABITS: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("fit", "train"), "drivetrain's Trainer trains with trainer.run() (Lightning's fit(), the Hugging Face "
+        "Trainer's train()), and evaluates with trainer.evaluate().")
+    """What other libraries' Trainers are asked for, and the Trainer's own word for it."""
 
     def __init__(
         self, model: Any, train_dataloader: Any, optimizers: Any = None, driver: str | Driver = "auto",
@@ -197,7 +204,8 @@ class Trainer:
             model_wo_auto_param_call=model_wo_auto_param_call, backend_kwargs=backend_kwargs,
             **({} if nproc is None else {"nproc": nproc}))
         configure_logging(level, is_global_zero=self.driver.is_global_zero)
-        self._setup_driver(optimizers, needs_optimizers=batch_step_fn is None, accumulation_steps=accumulation_steps)
+        self._setup_driver(optimizers, needs_optimizers=batch_step_fn is None, accumulation_steps=accumulation_steps,
+                           train_dataloader=train_dataloader)
         self._setup_data(train_dataloader, check_dataloader_legality, use_dist_sampler, reproducible_sampler,
                          overfit_batches)
         self.metrics, self.monitor, self.larger_better, self.evaluate_every = metrics, monitor, larger_better, evaluate_every
@@ -217,14 +225,19 @@ class Trainer:
         self._reset_position(n_epochs, n_batches, accumulation_steps)
         self.fire("on_after_trainer_initialized", self.driver)
 
-    def _setup_driver(self, optimizers: Any, needs_optimizers: bool, accumulation_steps: int) -> None:
+    def __getattr__(self, name: str) -> Any:
+        """Called only for a name the Trainer lacks: ``fit``/``train`` name ``run()``, a misspelt one the closest."""
+        raise MissingAttribute(self, name, self._HABITS)
+
+    def _setup_driver(self, optimizers: Any, needs_optimizers: bool, accumulation_steps: int,
+                      train_dataloader: Any) -> None:
         driver = self.driver
         driver.set_optimizers(optimizers)
         if not driver.optimizers and needs_optimizers:
             raise ConfigurationError(
                 "optimizers=None: pass the optimizer(s) to train with, or a batch_step_fn that updates the model."
             )
-        driver.configure_loop(accumulation_steps=accumulation_steps)
+        driver.configure_loop(accumulation_steps=accumulation_steps, train_dataloader=train_dataloader)
         driver.setup()
         driver.zero_grad()  # a clean start; a checkpoint loaded later may bring back gradients of a cycle
 
@@ -384,7 +397,7 @@ class Trainer:
         num_train_batch_per_epoch: int = -1,
         num_eval_batch_per_dl: int = -1,
         num_eval_sanity_batch: int = 2,
-        resume_from: str | os.PathLike | None = None,
+        resume_from: str | os.PathLike | bool | None = None,
         resume_training: bool = True,
         catch_KeyboardInterrupt: bool | None = None,  # noqa: N803 - fastNLP's public name
     ) -> None:
@@ -402,25 +415,28 @@ class Trainer:
         [Checkpoints and resume](../user-guide/checkpoints.md).
         The string ``"latest"`` takes the newest training checkpoint over the folders of the trainer's
         CheckpointCallback(s) and starts fresh when there is none yet, so one command line serves the
-        first start and every restart (the keyword wins over a folder named ``latest``: pass ``"./latest"``).
+        first start and every restart (the keyword wins over a folder named ``latest``: pass ``"./latest"``);
+        ``True`` (the Hugging Face Trainer's ``resume_from_checkpoint=True``) means ``"latest"``.
 
         Args:
             num_train_batch_per_epoch: cut every epoch after this many batches (-1: full epochs).
             num_eval_batch_per_dl: evaluate at most this many batches per dataloader (-1: all).
             num_eval_sanity_batch: batches per dataloader evaluated before training (0: skip).
-            resume_from: a checkpoint folder, a folder of checkpoints, or ``"latest"``.
+            resume_from: a checkpoint folder, a folder of checkpoints, ``"latest"`` (or True), or None.
             resume_training: True continues where the checkpoint left off; False loads the model and
                 optimizer states and trains from the start.
             catch_KeyboardInterrupt: True returns quietly on Ctrl-C instead of raising it again.
 
         Raises:
-            ConfigurationError: a count is out of range, or ``run()`` was already called.
+            ConfigurationError: a count is out of range, ``resume_from`` is of no accepted kind, or ``run()`` was
+                already called.
             CheckpointError: the checkpoint to resume from is damaged or does not fit this trainer.
             TrainingTerminated: SIGTERM arrived (after ``on_exception`` and ``on_train_end`` ran).
         """
         check_int(num_train_batch_per_epoch, "num_train_batch_per_epoch", minimum=1, allowed=(-1,))
         check_int(num_eval_batch_per_dl, "num_eval_batch_per_dl", minimum=1, allowed=(-1,))
         check_int(num_eval_sanity_batch, "num_eval_sanity_batch", minimum=0)
+        resume_from = check_resume_from(resume_from)
         if self._has_run:
             raise ConfigurationError("Trainer.run() was already called; build a new Trainer to train again.")
         self._has_run = True

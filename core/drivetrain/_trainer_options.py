@@ -19,6 +19,28 @@ from ._evaluator import normalise_metrics
 from ._inference import ArgumentNames
 from ._monitor import validate_monitor
 from ._options import check_int, check_optional_callable
+from ._suggest import close_matches
+
+RESUME_LATEST = "latest"
+"""``run(resume_from="latest")``: the newest checkpoint of the trainer's CheckpointCallback(s), or a fresh start."""
+
+
+def check_resume_from(resume_from: Any) -> str | os.PathLike | None:
+    """``run(resume_from=...)`` as a folder, ``"latest"`` or None: the Hugging Face Trainer's ``True`` means
+    ``"latest"`` (and ``False`` no resume); Lightning's ``"last"``, not a folder here, gets the keyword named."""
+    if isinstance(resume_from, bool):
+        return RESUME_LATEST if resume_from else None
+    if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
+        raise ConfigurationError(
+            f"resume_from={resume_from!r} is not accepted; pass a checkpoint folder, a folder of checkpoints, "
+            f"{RESUME_LATEST!r} (or True) for the newest checkpoint of the CheckpointCallback(s), or None.")
+    if (isinstance(resume_from, str) and resume_from != RESUME_LATEST and not os.path.exists(resume_from)
+            and close_matches(resume_from, [RESUME_LATEST])):
+        raise ConfigurationError(
+            f"resume_from={resume_from!r} is not a folder here ({os.path.abspath(resume_from)} does not exist). Did "
+            f"you mean resume_from={RESUME_LATEST!r}? It resumes from the newest training checkpoint of the trainer's "
+            "CheckpointCallback(s), and starts fresh when there is none yet.")
+    return resume_from
 
 
 @dataclass(frozen=True)

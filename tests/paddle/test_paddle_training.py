@@ -103,7 +103,7 @@ def test_second_bad_optimizer_is_named_by_index(model, make_driver) -> None:
 
 def test_optimizer_of_another_model_is_rejected_through_the_trainer(model, batches) -> None:
     other = TinyNet()
-    with pytest.raises(DriverError, match=r"^optimizers=paddle.optimizer.sgd.SGD: none of its 4 parameter.*"
+    with pytest.raises(DriverError, match=r"^optimizers=paddle.optimizer.SGD: none of its 4 parameter.*"
                                           r"belong to the model TinyNet"):
         Trainer(model, batches, _sgd(other), driver="paddle")
     extra = paddle.create_parameter([1], "float32")  # the model's parameters plus an extra one: fine

@@ -75,6 +75,7 @@ class JittorSingleDriver(ModuleDriver):
     optimizer_example = "jittor.optim.SGD(model.parameters(), lr=0.1)"
     tensor_type = jt.Var
     dataloader_type = jt.dataset.Dataset  # a jittor Dataset is its own loader (set_attrs(batch_size=...))
+    tensor_dataloader_example = "jittor.dataset.TensorDataset(x, y).set_attrs(batch_size=32, shuffle=True)"
     accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
     """The ``jittor_kwargs`` keys this driver understands, with what each means."""
     not_here_kwargs = _NOT_HERE
@@ -186,14 +187,6 @@ class JittorSingleDriver(ModuleDriver):
         if (tensor is self._model_loss or tensor is self._backward_loss) and array.size == 1:
             return array.reshape(())
         return array
-
-    def check_dataloader_legality(self, dataloader: Any, argument: str = "train_dataloader") -> None:
-        if isinstance(dataloader, jt.Var):
-            raise DriverError(
-                f"{argument}=jittor.Var is one tensor, not a dataloader; wrap the data in a jittor Dataset "
-                "(set_attrs(batch_size=..., shuffle=True)) or pass a list of batch dicts."
-            )
-        super().check_dataloader_legality(dataloader, argument)
 
     def reproducible_dataloader(self, dataloader: Any) -> Any:
         """A jittor Dataset read through a resumable sampler (see :mod:`._dataloader`); anything else as is."""

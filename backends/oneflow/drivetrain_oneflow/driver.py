@@ -54,6 +54,8 @@ class OneflowSingleDriver(ModuleDriver):
     tensor_type = flow.Tensor
     dataloader_type, dataset_type = flow.utils.data.DataLoader, flow.utils.data.Dataset
     dataloader_example = "oneflow.utils.data.DataLoader(dataset, batch_size=32, shuffle=True)"
+    tensor_dataloader_example = ("oneflow.utils.data.DataLoader(oneflow.utils.data.TensorDataset("
+                                 "oneflow.as_tensor(x), oneflow.as_tensor(y)), batch_size=32, shuffle=True)")
     accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
     """The ``oneflow_kwargs`` keys this driver understands, with what each means."""
     distributed_only_kwargs = _DISTRIBUTED_ONLY_KWARGS

@@ -63,6 +63,8 @@ class PaddleSingleDriver(ModuleDriver):
     tensor_type = paddle.Tensor
     dataloader_type, dataset_type = paddle.io.DataLoader, paddle.io.Dataset
     dataloader_example = "paddle.io.DataLoader(dataset, batch_size=32, shuffle=True)"
+    tensor_dataloader_example = ("paddle.io.DataLoader(paddle.io.TensorDataset([paddle.to_tensor(x), "
+                                 "paddle.to_tensor(y)]), batch_size=32, shuffle=True)")
     accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
     """The ``paddle_kwargs`` keys this driver understands, with what each means."""
     distributed_only_kwargs = tuple(DIST_KWARGS)

@@ -48,6 +48,8 @@ class TorchSingleDriver(ModuleDriver):
     tensor_type = torch.Tensor
     dataloader_type, dataset_type = torch.utils.data.DataLoader, torch.utils.data.Dataset
     dataloader_example = "torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True)"
+    tensor_dataloader_example = ("torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.as_tensor(x), "
+                                 "torch.as_tensor(y)), batch_size=32, shuffle=True)")
     accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
     """The ``torch_kwargs`` keys this driver understands, with what each means."""
     distributed_only_kwargs = _DISTRIBUTED_ONLY_KWARGS

@@ -76,13 +76,23 @@ def check_name_map(name_map: Any) -> None:
 def _rule(rules: list[TensorRule], classes: tuple[str, ...] | None, name: str, side: str) -> TensorRule | None:
     """The rule of ``rules`` that applies to tensor ``name`` of a module of ``classes`` (None: unknown)."""
     if classes is None and any(rule.modules for rule in rules):
-        scoped = next(rule for rule in rules if rule.modules)
+        scoped = [rule for rule in rules if rule.modules]
+        how = " and ".join(f"of {' or '.join(rule.modules)} modules {_change(rule)}" for rule in scoped)
+        kinds = " or ".join(kind for rule in scoped for kind in rule.modules)
+        module = split_name(name)[0]
         raise CheckpointError(
-            f"{name!r}: the {side} framework stores the {scoped.name!r} of {'/'.join(scoped.modules)} modules "
-            "differently, and which module classes this model has is not known here (the file records none). "
+            f"{name!r}: the {side} framework stores the {scoped[0].neutral_name!r} {how}, and whether "
+            f"{repr(module) if module else 'the model itself'} is such a module ({kinds}) is not known here (the "
+            "file records no module classes). "
             "Load it into a model instead (trainer.load_model(folder) or drivetrain.load_weights(model, folder)), "
             "which reads the classes from the model.")
     return next((rule for rule in rules if rule.applies_to(classes or ())), None)
+
+
+def _change(rule: TensorRule) -> str:
+    """What ``rule`` does to a tensor, for a message (``"transposed"``, ``"as 'scale'"``)."""
+    renamed = f"as {rule.name!r}" if rule.neutral is not None else ""
+    return " and ".join(part for part in ("transposed" if rule.transpose else "", renamed) if part)
 
 
 def _transposed(tensor: Tensor, name: str) -> Tensor:

@@ -1,9 +1,11 @@
-"""``drivetrain plot RUN_DIR ... [-o curves.png]``: the curves of one or several run records.
+"""``drivetrain plot RUN_DIR ... [-o PATH]``: the curves of one or several run records.
 
 A run folder holds ``metrics.jsonl`` or ``metrics.csv`` (written by the ``"jsonl"``/``"csv"``
 loggers). One panel per quantity: the training loss, the learning rate(s), then every
 evaluation metric, each against the global batch count; several runs are overlaid, one
-colour per run, labelled by folder name. Needs matplotlib (``pip install matplotlib``).
+colour per run, labelled by folder name. The picture goes beside the record (``RUN_DIR/curves.png``, the
+first folder's when there are several) unless ``-o`` says where, never silently into the current folder.
+Needs matplotlib (``pip install matplotlib``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 from .._errors import ConfigurationError
 from .files import read_csv_rows, read_jsonl_rows
 
+DEFAULT_NAME = "curves.png"
+"""The picture's file name in the run folder when ``-o`` is not given."""
 INSTALL = 'pip install matplotlib (or, from a drivetrain checkout, pip install -e ".[plot]")'
 
 
@@ -42,7 +46,7 @@ def panels(records: Sequence[list[dict[str, Any]]]) -> list[str]:
 
 
 def plot_runs(run_dirs: Sequence[str], output: str) -> str:
-    """Draw the records of ``run_dirs`` into the image file ``output``; returns its path."""
+    """Draw the records of ``run_dirs`` into the image file ``output``; returns its absolute path."""
     try:
         import matplotlib
 
@@ -75,4 +79,4 @@ def plot_runs(run_dirs: Sequence[str], output: str) -> str:
     figure.tight_layout()
     figure.savefig(output, dpi=110)
     plt.close(figure)
-    return output
+    return os.path.abspath(output)

@@ -18,6 +18,7 @@ from .optim import SGD
 
 class NumpyDriver(Driver):
     name = "numpy"
+    tensor_dataloader_example = "drivetrain_numpy.ArrayLoader({'x': x, 'target': y}, batch_size=32, shuffle=True)"
 
     def __init__(self, model: Any, **options: Any) -> None:
         if not isinstance(model, LinearModel):
