@@ -125,3 +125,62 @@ def test_ctrl_c_raises_keyboard_interrupt_and_a_killed_child_does_not_end_the_pr
         if proc.poll() is None:
             proc.kill()
     assert "KeyboardInterrupt" in out, err[-2000:]
+
+
+def _headerless_mpicc(tmp_path) -> dict[str, str]:
+    """A PATH whose mpicc finds no mpi.h, as Debian's openmpi-bin without libopenmpi-dev: it prints compile flags
+    but preprocessing ``#include <mpi.h>`` fails. (On a warm compile cache jittor itself would not notice: the
+    failure shows on a machine whose cache has no MPI extension yet.)"""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    fake = folder / "mpicc"
+    fake.write_text("#!/bin/sh\n"
+                    "if [ \"$1\" = -E ]; then echo '<stdin>:1:10: fatal error: mpi.h: No such file or directory' >&2;"
+                    " exit 1; fi\n"
+                    "echo -I/nonexistent/openmpi/include\n")
+    fake.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.timeout(150)
+def test_an_mpicc_without_mpi_h_leaves_one_process_without_mpi_and_says_so(tmp_path):
+    """Half an MPI install (mpirun and mpicc, no headers): one process imports jittor, without MPI, and one line
+    says why and what to install for mpirun; no compiler trace."""
+    result = run_python("""
+        import json, os
+        from drivetrain_jittor import import_jittor
+        jt = import_jittor()
+        print(json.dumps({"mpicc_path": os.environ.get("mpicc_path"), "in_mpi": bool(jt.in_mpi),
+                          "trained": float((jt.array([1.0, 2.0]) * 2).sum().item())}))
+    """, env=_headerless_mpicc(tmp_path))
+    out = last_json(result)
+    assert out == {"mpicc_path": "", "in_mpi": False, "trained": 6.0}
+    notices = [line for line in result.stderr.splitlines() if "drivetrain-jittor:" in line and "mpi.h" in line]
+    assert len(notices) == 1 and "libopenmpi-dev" in notices[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(150)
+def test_an_mpicc_without_mpi_h_under_mpirun_stops_with_the_fix(tmp_path):
+    """Under mpirun the user asked for MPI: the import stops at once, naming the package that brings mpi.h."""
+    result = run_python("""
+        from drivetrain_jittor import import_jittor
+        try:
+            import_jittor()
+        except ImportError as exc:
+            print("refused:", exc)
+    """, env={**_headerless_mpicc(tmp_path), "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "refused:" in result.stdout and "mpirun" in result.stdout, result.stdout
+    assert "apt-get install libopenmpi-dev" in result.stdout and "mpi.h" in result.stdout
+
+
+def test_a_working_mpicc_is_left_to_jittor(monkeypatch):
+    """With the headers installed (this machine: ensure_mpi.py installs libopenmpi-dev) nothing is changed."""
+    from drivetrain_jittor._mpi_check import mpi_header_problem
+
+    monkeypatch.delenv("mpicc_path", raising=False)
+    monkeypatch.delenv("use_mpi", raising=False)
+    assert mpi_header_problem() is None
+    monkeypatch.setenv("mpicc_path", "/somewhere/mpicc")
+    assert mpi_header_problem() is None  # the user's choice is the user's

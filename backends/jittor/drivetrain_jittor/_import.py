@@ -42,6 +42,8 @@ from types import ModuleType
 
 import numpy as np
 
+from ._mpi_check import HEADERS_FIX, mpi_header_problem, under_mpirun
+
 SLOW_IMPORT_NOTICE_S = 5.0
 """Seconds of importing after which the status line says jittor is compiling."""
 
@@ -95,11 +97,21 @@ def environment_defaults(cuda_usable: Callable[[], bool] = cuda_driver_usable) -
 def prepare_environment() -> dict[str, str]:
     """Set jittor's import-time variables where the user has not; return what was set.
 
-    Does nothing once jittor is imported (jittor read its environment then).
+    An ``mpicc`` that cannot compile jittor's MPI extension (no ``mpi.h``) is left out on one
+    process (``mpicc_path=""``, said in one line) and stops the import under ``mpirun`` with the
+    fix. Does nothing once jittor is imported (jittor read its environment then).
     """
     if "jittor" in sys.modules:
         return {}
     defaults = environment_defaults()
+    problem = mpi_header_problem()
+    if problem is not None:
+        if under_mpirun():
+            raise ImportError(f"drivetrain-jittor: this process runs under mpirun, but {problem}, so jittor cannot "
+                              f"build its MPI support; {HEADERS_FIX}.")
+        defaults["mpicc_path"] = ""
+        _say(f"drivetrain-jittor: {problem}; jittor runs without MPI in this process (one process needs none). "
+             f"For mpirun, {HEADERS_FIX}.")
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     return defaults
