@@ -1,9 +1,11 @@
 """Two "nodes" on one machine: two ``torchrun --nnodes 2 --nproc_per_node 1`` launchers on 127.0.0.1.
 
-Both ways torchrun joins machines are tested, for DDP (``driver="torch"``) and FSDP2
-(``driver="torch_fsdp"``): the c10d rendezvous (``--rdzv_backend c10d --rdzv_endpoint``,
-what elastic jobs and most clusters use) and the static one (``--node_rank`` with
-``--master_addr/--master_port``, what a SLURM script writes). Each node runs
+Both ways torchrun joins machines are tested, and both engines, each once (the rendezvous
+is torchrun's and the engine's process group is the same either way, so the full matrix
+would test nothing more): the c10d rendezvous (``--rdzv_backend c10d --rdzv_endpoint``,
+what elastic jobs and most clusters use) with FSDP2 (``driver="torch_fsdp"``), and the
+static one (``--node_rank`` with ``--master_addr/--master_port``, what a SLURM script
+writes) with DDP (``driver="torch"``). Each node runs
 ``_multinode_script.py``; both must end with identical parameters, equal to one process
 trained on the global batch. Every launcher runs in its own session and is killed at the
 end, whatever happened; a launch is bounded by ``TIMEOUT``.
@@ -50,8 +52,7 @@ def _node_command(rendezvous: str, node: int, port: int, out: Path, driver: str)
     return [*run, SCRIPT, str(out), driver]
 
 
-@pytest.mark.parametrize("driver", ["torch", "torch_fsdp"])
-@pytest.mark.parametrize("rendezvous", ["c10d", "static"])
+@pytest.mark.parametrize(("rendezvous", "driver"), [("c10d", "torch_fsdp"), ("static", "torch")])
 def test_two_nodes_match_one_process(rendezvous: str, driver: str, reference, tmp_path) -> None:
     port = free_port()
     nodes = [_dist_helpers.ProcessGroup(_node_command(rendezvous, n, port, tmp_path, driver), tmp_path, child_env(),
