@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -45,12 +46,14 @@ class ProcessGroup:
     """
 
     def __init__(self, cmd: list[str], out: Path, env: dict[str, str], name: str = "log",
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, interruptible: bool = False) -> None:
         self.log = out / f"{name}.txt"
         self._log = open(self.log, "wb")  # noqa: SIM115 - closed in close()
         self.started = time.monotonic()
+        # interruptible: SIGINT at its default in the child, whatever this process inherited (see tests/_signals.py)
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, cwd=cwd)
+                                     start_new_session=True, cwd=cwd,
+                                     preexec_fn=_default_sigint if interruptible else None)  # noqa: PLW1509
 
     def wait(self, timeout: float) -> Finished:
         try:
@@ -72,6 +75,40 @@ class ProcessGroup:
             pass
         self.proc.wait()
         self._log.close()
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stop_when_ready(group: ProcessGroup, signum: int, target: str, timeout: float,
+                    logs: Callable[[], str] | None = None) -> Finished:
+    """Wait until the run prints ``ready <pid of rank 0>``, send ``signum`` to ``target`` and wait for the end.
+
+    ``target``: ``"group"`` (the whole process group, as a terminal's Ctrl-C does), ``"launcher"`` (the
+    process the test started) or ``"rank0"`` (the pid the run printed). ``logs`` reads what rank 0 printed
+    when the launcher keeps it apart (default: the group's output). ``seconds`` of the result counts from
+    the signal to the end of the last process of the group's session.
+    """
+    deadline = time.monotonic() + timeout
+    found = None
+    while found is None:
+        found = re.search(r"^ready (\d+)$", (logs or group.output)(), re.MULTILINE)
+        if found is None and (group.proc.poll() is not None or time.monotonic() > deadline):
+            group.close()
+            pytest.fail(f"the run did not get ready (exit {group.proc.returncode}):\n{group.output()}")
+        time.sleep(0.05)
+    sent = time.monotonic()
+    if target == "group":
+        os.killpg(group.proc.pid, signum)
+    else:
+        os.kill(group.proc.pid if target == "launcher" else int(found.group(1)), signum)
+    code = group.wait(timeout).returncode
+    while session_pids(group.proc.pid):  # every process it started, not only the one the test started
+        if time.monotonic() - sent > timeout:
+            pytest.fail(f"processes {session_pids(group.proc.pid)} still run {timeout} s after the signal")
+        time.sleep(0.05)
+    return Finished(code, group.output(), time.monotonic() - sent)
 
 
 def launching(tmp_path: Path, make: Callable[..., ProcessGroup]) -> Iterator[Callable[..., ProcessGroup]]:

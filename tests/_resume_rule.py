@@ -116,10 +116,15 @@ def run_phase(phase: str, out: str, make_trainer: Callable[[int, list], Trainer]
 
 
 def main(argv: list[str], make_trainer: Callable[[int, list], Trainer], index_key: str) -> None:
-    """``argv``: OUT and the phases to run one after the other, comma-separated."""
+    """``argv``: OUT and the phases to run one after the other, comma-separated (also ``_ctrl_c_rule.py``'s)."""
     out, phases = argv
     for phase in phases.split(","):
-        run_phase(phase, out, make_trainer, index_key)
+        if phase in ("ctrl-c", "resume", "straight"):  # tests/_ctrl_c_rule.py's
+            from tests._ctrl_c_rule import run_phase as ctrl_c_phase
+
+            ctrl_c_phase(phase, out, make_trainer)
+        else:
+            run_phase(phase, out, make_trainer, index_key)
 
 
 # ------------------------------------------------------------------------------ checks (test side)

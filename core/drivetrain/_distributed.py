@@ -37,7 +37,7 @@ from ._dataloaders import OverfitLoader
 from ._dist_objects import broadcast_pickled, gather_pickled, reduce_gathered
 from ._errors import ConfigurationError, DistributedError, DriverError, DrivetrainError
 from ._sampler import find_reproducible_sampler
-from ._spawn import FailureBoard, Launcher, exception_summary
+from ._spawn import FailureBoard, Launcher, exception_summary, stop_signal
 
 COMM_ERROR_MARKERS = ("gloo", "nccl", "connection reset", "connection closed", "connection refused", "timed out",
                       "broken pipe")
@@ -153,6 +153,9 @@ class CollectiveGuard:
         """
         if self.launcher is not None:
             self.launcher.note_failed()  # at exit, stop the children rather than wait for them
+            signum = stop_signal(exc)
+            if signum is not None:
+                self.launcher.pass_on(signum)  # Ctrl-C on this process alone stops every rank
         if self.broken is not None or self.board is None:
             return False
         if not isinstance(exc, DistributedError):

@@ -53,7 +53,9 @@ LOOPBACK_INTERFACES = ("lo", "lo0")  # the loopback interface's name on Linux, o
 _PR_SET_PDEATHSIG = 1
 _POLL = 0.1
 _STOP_GRACE = 2.0  # seconds the children get to end by themselves once this process failed
+_INTERRUPT_GRACE = 10.0  # seconds a supervisor's children get to stop after Ctrl-C (exception checkpoint, records)
 _STARTUP_FLOOR = 60.0  # starting Python and importing a framework takes seconds on a loaded machine
+_VOTE_CLOSED = 1 << 40  # what a process that stopped waiting takes off the failure count (see all_failed)
 _generations = itertools.count()
 
 
@@ -142,6 +144,15 @@ def exit_description(code: int) -> str:
     return f"exited with code {code}"
 
 
+def stop_signal(exc: BaseException | None) -> int | None:
+    """The signal behind ``exc`` when it is how a run is stopped (SIGINT: KeyboardInterrupt; SIGTERM:
+    :class:`~drivetrain.TrainingTerminated`), else None."""
+    if isinstance(exc, KeyboardInterrupt):
+        return int(signal.SIGINT)
+    signum = getattr(exc, "signum", None)  # TrainingTerminated, without importing the errors module here
+    return signum if isinstance(exc, SystemExit) and isinstance(signum, int) else None
+
+
 def exception_summary(exc: BaseException | None) -> str:
     """One line about ``exc`` for the other processes' error messages."""
     if exc is None:
@@ -180,14 +191,19 @@ class FailureBoard:
         """Count this process as failed; True when every process failed within ``grace`` seconds.
 
         Then they all stand in the same place (an exception on every rank, Ctrl-C) and can
-        still run collectives together, e.g. to save a checkpoint on the way out.
+        still run collectives together, e.g. to save a checkpoint on the way out. A process
+        that gives up waiting closes the vote (it takes :data:`_VOTE_CLOSED` off the count, in
+        the same atomic ``add`` every rank uses), so one failing later learns that the others
+        no longer wait for it: every process reaches the same verdict.
         """
         try:
             count = self.store.add(self._count, 1)
             deadline = time.monotonic() + grace
-            while count < self.world_size and time.monotonic() < deadline:
+            while 0 < count < self.world_size and time.monotonic() < deadline:
                 time.sleep(0.05)
                 count = self.store.add(self._count, 0)
+            if 0 < count < self.world_size:
+                count = self.store.add(self._count, -_VOTE_CLOSED) + _VOTE_CLOSED  # another may just have come
         except Exception:  # noqa: BLE001
             return False
         return count >= self.world_size
@@ -260,13 +276,13 @@ def _libc() -> Any:
         return None
 
 
-def die_with_parent(parent_pid: int) -> Any:
-    """A ``preexec_fn`` making the child receive SIGKILL when this process dies (Linux only)."""
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> Any:
+    """A ``preexec_fn`` making the child receive ``signum`` (SIGKILL) when this process dies (Linux only)."""
     libc = _libc()  # loaded before the fork: nothing is loaded in the child
 
     def preexec() -> None:
         if libc is not None:
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
 
@@ -358,11 +374,13 @@ class Launcher:
         on stderr, the others get ``timeout`` seconds to stop by themselves and are then
         killed, and this process exits with code 1 (0 when every child succeeded, 130 on Ctrl-C).
         """
+        _reassert_sigint()
         self._spawn(range(self.world_size), child_env)
         try:
             self._wait_children(announce=True)
-        except KeyboardInterrupt:
-            self._stop(self._running())
+        except KeyboardInterrupt:  # Ctrl-C: every rank stops as it would alone (records, exception checkpoint)
+            self.pass_on(signal.SIGINT)
+            self._wait_stopped(_INTERRUPT_GRACE)
             _flush()
             raise SystemExit(130) from None
         self._join_pumps()
@@ -437,6 +455,17 @@ class Launcher:
         """This process failed in training: at exit, stop the children instead of waiting for them."""
         self._failed = True
 
+    def pass_on(self, signum: int) -> None:
+        """This process was stopped by ``signum`` (Ctrl-C, SIGTERM): send it to the children still running,
+        as the frameworks' launchers do, so every rank stops now (a rank that got it from the terminal too
+        ignores the repeat, see :mod:`drivetrain._signals`). They count as stopped, not failed."""
+        for rank in self._running():
+            self._stopped.add(rank)
+            try:
+                self.children[rank].send_signal(signum)
+            except OSError:
+                pass
+
     def _collect(self) -> list[tuple[int, int]]:
         """Record children that exited since the last call; return them."""
         ended = []
@@ -480,10 +509,13 @@ class Launcher:
 
     # ------------------------------------------------------------------ ending
     def _stop(self, ranks: list[int]) -> None:
+        """SIGTERM, then SIGKILL for those still running 3 s later; a rank already given a stop signal
+        (:meth:`pass_on`) had its grace and gets SIGKILL at once."""
         for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-            alive = [r for r in ranks if self.children[r].poll() is None]
+            alive = [r for r in ranks if self.children[r].poll() is None
+                     and not (sig == signal.SIGTERM and r in self._stopped)]
             if not alive:
-                return
+                continue
             for r in alive:
                 self._stopped.add(r)
                 try:
@@ -493,6 +525,14 @@ class Launcher:
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and any(self.children[r].poll() is None for r in alive):
                 time.sleep(0.05)
+
+    def _wait_stopped(self, grace: float) -> None:
+        """Give the children sent a stop signal ``grace`` seconds to end, then kill those still running."""
+        deadline = time.monotonic() + grace
+        while self._running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop(self._running())
+        self._collect()
 
     def _running(self) -> list[int]:
         return [r for r in self.children if self.children[r].poll() is None]
@@ -542,6 +582,17 @@ class Launcher:
         """Delete the run's :class:`FolderStore` (every child ended; this process is leaving)."""
         if isinstance(self.store, FolderStore):
             self.store.remove()
+
+
+def _reassert_sigint() -> None:
+    """Make Python's own SIGINT handler the process's again, if Python's is the one it believes it has.
+
+    A framework's runtime may replace the handler underneath Python when it is imported (oneflow's
+    exits with status 255 at once), so that Ctrl-C would end a supervisor without a word and leave its
+    ranks unsupervised; setting Python's handler again makes Ctrl-C a KeyboardInterrupt once more.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _flush() -> None:

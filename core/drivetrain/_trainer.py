@@ -41,7 +41,7 @@ from ._param_matching import make_batch_namer, make_mapping_fn
 from ._progress import choose_progress
 from ._records.recorder import HistoryRecorder, RunRecorder
 from ._sampler import ReproducibleBatchSampler, find_reproducible_sampler
-from ._signals import sigterm_raises
+from ._signals import end_quietly, stop_signals_raise
 from ._stateful_data import restore_loader_position
 from ._suggest import MissingAttribute
 from ._trainer_options import (
@@ -450,7 +450,7 @@ class Trainer:
         self._plan_length()
         if self._resumed is not None and not self._resumed.has_work(self, latest=resume_from == RESUME_LATEST):
             return  # said why in one line; nothing is fired, so no checkpoint or run record is touched
-        with sigterm_raises():
+        with stop_signals_raise(self.driver.is_distributed()):
             self._run_loop(num_eval_sanity_batch, bool(catch_KeyboardInterrupt))
 
     def _run_loop(self, num_eval_sanity_batch: int, catch_keyboard_interrupt: bool) -> None:
@@ -479,6 +479,9 @@ class Trainer:
             self.driver.on_exception()
             self.fire("on_exception", exc)
             if not catch_keyboard_interrupt:
+                # the progress display's closing line says how it stopped; without one, this line does
+                end_quietly(exc, None if self._progress is not None else
+                            f"training stopped at step {self.global_forward_batches} by KeyboardInterrupt (Ctrl-C)")
                 raise
         except BaseException as exc:
             self._failed_by = exc

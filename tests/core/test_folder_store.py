@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -68,7 +69,19 @@ def test_it_carries_the_failure_board(store) -> None:
     rank0 = FailureBoard(store, rank=0, world_size=2, generation=7)
     rank1.post_failure("raised ValueError: boom")
     assert rank0.reports() == {1: "raised ValueError: boom"}
-    assert rank1.all_failed(grace=0.0) is False and rank0.all_failed(grace=0.0) is True
+    # rank 1 stopped waiting: rank 0 failing later learns that they do not stand together (same verdict)
+    assert rank1.all_failed(grace=0.0) is False and rank0.all_failed(grace=0.0) is False
+
+
+def test_ranks_failing_together_agree_on_it(store) -> None:
+    """Ranks failing within the grace all see every rank failed (collectives stay allowed on the way out)."""
+    boards = [FailureBoard(store, rank=r, world_size=2, generation=8) for r in (0, 1)]
+    verdicts: dict[int, bool] = {}
+    waiting = threading.Thread(target=lambda: verdicts.__setitem__(1, boards[1].all_failed(grace=30.0)))
+    waiting.start()
+    verdicts[0] = boards[0].all_failed(grace=30.0)
+    waiting.join(timeout=30)
+    assert verdicts == {0: True, 1: True}
 
 
 def test_created_folders_are_private_and_removed(tmp_path, monkeypatch) -> None:

@@ -27,12 +27,12 @@ from tests.jittor.conftest import Points, TinyNet  # noqa: E402
 PER_RANK = 2
 
 
-def make_trainer(n_epochs: int, callbacks: list) -> Trainer:
+def make_trainer(n_epochs: int, callbacks: list, **options) -> Trainer:
     seed_everything(0)
     model = TinyNet()
     data = Points(N_SAMPLES, batch_size=PER_RANK * int(jt.world_size), shuffle=True)
     return Trainer(model, data, jt.optim.SGD(model.parameters(), lr=0.1), driver="jittor", device="cpu",
-                   n_epochs=n_epochs, callbacks=callbacks, progress_bar=None)
+                   n_epochs=n_epochs, callbacks=callbacks, progress_bar=None, **options)
 
 
 if __name__ == "__main__":

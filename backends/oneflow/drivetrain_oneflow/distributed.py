@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -122,8 +123,11 @@ class OneflowDDPDriver(DistributedDriverMixin, OneflowSingleDriver):
         if self.plan.launch != "spawned":
             # oneflow.distributed.launch stops the others when one fails by signalling its own process group,
             # which misses them when it is not a group leader (started from a script or a CI job): a stuck
-            # worker would outlive everything. So this worker gets SIGKILL when its launcher exits (Linux).
-            die_with_parent(os.getppid())()  # the preexec function, run in this process
+            # worker would outlive everything. So this worker gets SIGTERM when its launcher exits (Linux): not
+            # SIGKILL, since on Ctrl-C that launcher exits at once, and a worker then still closes its records
+            # and writes the exception checkpoint (Trainer.run() ignores the repeated signal); a worker stuck in a
+            # collective is ended by the watchdog.
+            die_with_parent(os.getppid(), signal.SIGTERM)()  # the preexec function, run in this process
         if self.device.type == "cuda":
             flow.cuda.set_device(self.device)
         self.model.to(self.device)

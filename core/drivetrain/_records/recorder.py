@@ -5,7 +5,10 @@ clipping (``Driver.grad_norm``), and counts samples and tokens (a dict batch's `
 else the sum of its ``attention_mask``); nothing is read from the device until a window of
 ``log_every_n_steps`` batches closes. Then, on every rank, the window's sums and counts are
 converted once and (in a distributed run) summed over the ranks in one all-reduce, so every
-rank holds the same numbers; the global-zero process writes them.
+rank holds the same numbers; the global-zero process writes them. After an exception (Ctrl-C,
+SIGTERM, an error on some rank) the last window is closed from this process's own numbers, without
+that all-reduce: the other ranks may be gone or their process group shut down, and every rank that
+failed skips it alike, so none waits for another; ``summary.json`` then says ``stopped`` or ``failed``.
 Evaluation results, the configuration and the final summary go to the loggers as they come.
 
 A logger that raises is named in a :class:`~drivetrain.ConfigurationError`-free warning and
@@ -81,6 +84,7 @@ class RunRecorder(HistoryRecorder):
         self.hparams = dict(hparams)
         self._resume_step: int | None = None
         self._status = "finished"
+        self._alone = False  # after an exception: no collective any more (see the module docstring)
         self._losses: list[Any] = []
         self._tokens: list[Any] = []
         self._norms: list[Any] = []
@@ -125,7 +129,7 @@ class RunRecorder(HistoryRecorder):
 
     def on_train_end(self, trainer: Any) -> None:
         if trainer.global_forward_batches > self._window_first and self._losses:
-            self._log_window(trainer)
+            self._log_window(trainer, together=not self._alone)
         # "epoch" is the one the summary line names (the epoch of the last step, 1-based); "seconds" counts
         # this run() alone, "seconds_total" the whole run across its resumes
         summary = {"step": trainer.global_forward_batches, "epoch": epoch_of_last_step(trainer, trainer._in_epoch),
@@ -142,6 +146,7 @@ class RunRecorder(HistoryRecorder):
     def on_exception(self, trainer: Any, exception: BaseException) -> None:
         stopped = isinstance(exception, (EarlyStopException, KeyboardInterrupt, TrainingTerminated))
         self._status = "stopped" if stopped else "failed"
+        self._alone = not isinstance(exception, EarlyStopException)  # an early stop is a normal end on every rank
 
     # ------------------------------------------------------------------- hot path
     def on_train_batch_begin(self, trainer: Any, batch: Any, indices: Any) -> None:
@@ -167,7 +172,8 @@ class RunRecorder(HistoryRecorder):
         self._flush(time.perf_counter())
 
     # -------------------------------------------------------------------- windows
-    def _log_window(self, trainer: Any) -> None:
+    def _log_window(self, trainer: Any, together: bool = True) -> None:
+        """Log the window that ends now; ``together``: sum its counts over the ranks first (one all-reduce)."""
         driver = trainer.driver
         losses = [loss for loss in self._losses if loss is not None]
         loss_sum = float(driver.scalars_to_numpy(losses).sum()) if losses else 0.0
@@ -176,7 +182,7 @@ class RunRecorder(HistoryRecorder):
         seconds = max(time.perf_counter() - self._window_start, 1e-9)
         counts = np.array([loss_sum, len(losses), self._samples, tokens, seconds, norm_sum, len(self._norms)],
                           dtype=np.float64)
-        if driver.is_distributed():  # one all-reduce: every rank gets the same numbers (the mean window time)
+        if together and driver.is_distributed():  # one all-reduce: every rank gets the same numbers (the mean window time)
             counts = driver.all_reduce(counts, "sum")
             counts[4] /= driver.world_size
         step = trainer.global_forward_batches

@@ -22,13 +22,13 @@ from tests._resume_rule import N_SAMPLES, PER_RANK, main  # noqa: E402
 from tests.oneflow.distributed._ddp_script import Net, Points  # noqa: E402
 
 
-def make_trainer(n_epochs: int, callbacks: list) -> Trainer:
+def make_trainer(n_epochs: int, callbacks: list, **options) -> Trainer:
     model = Net()
     shuffling = flow.Generator()
     shuffling.manual_seed(5)
     loader = flow.utils.data.DataLoader(Points(N_SAMPLES, 0), batch_size=PER_RANK, shuffle=True, generator=shuffling)
     return Trainer(model, loader, flow.optim.SGD(model.parameters(), lr=0.1), driver="oneflow", device="cpu",
-                   n_epochs=n_epochs, callbacks=callbacks, progress_bar=None)
+                   n_epochs=n_epochs, callbacks=callbacks, progress_bar=None, **options)
 
 
 if __name__ == "__main__":

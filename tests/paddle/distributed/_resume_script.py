@@ -22,13 +22,13 @@ from tests._resume_rule import N_SAMPLES, PER_RANK, main  # noqa: E402
 from tests.paddle.distributed._dist_script import Points, make_net  # noqa: E402
 
 
-def make_trainer(n_epochs: int, callbacks: list) -> Trainer:
+def make_trainer(n_epochs: int, callbacks: list, **options) -> Trainer:
     model = make_net()
     np.random.seed(0)  # paddle's shuffling draws its seed from numpy's global generator
     loader = DataLoader(Points(N_SAMPLES, seed=0), batch_size=PER_RANK, shuffle=True)
     optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
     return Trainer(model, loader, optimizer, driver="paddle", n_epochs=n_epochs, callbacks=callbacks,
-                   progress_bar=None)
+                   progress_bar=None, **options)
 
 
 if __name__ == "__main__":

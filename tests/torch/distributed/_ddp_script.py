@@ -2,6 +2,7 @@
 
     _ddp_script.py train OUT PHASES [--nproc N] [--user-init] [--prefix] [--resume-from DIR] [--device 0,1]
     _ddp_script.py fail OUT MODE [--timeout S]
+    _ddp_script.py ctrl-c OUT PHASES
 
 ``train`` runs the comma-separated PHASES one after another in the same processes
 and writes ``OUT/<phase>-rank<r>.json`` per rank (final parameters, evaluation
@@ -18,6 +19,8 @@ results, the sample indices each rank trained on per epoch, callback counts):
 ``raise`` raises, ``stall`` sleeps forever, ``mark`` only marks the batch (so that the test can kill a
 rank mid-epoch), ``early`` makes rank 1 exit with code 3 before it builds the Trainer. Every rank writes
 ``OUT/pid-rank<r>`` at the start and ``OUT/at-rank<r>`` when it reaches ``FAIL_AT``.
+
+``ctrl-c`` runs the phases of ``tests/_ctrl_c_rule.py`` (Ctrl-C, then resume) on the same run without accumulation.
 
 Everything before the ``Trainer(...)`` runs in every process, as the docs say it will.
 """
@@ -122,8 +125,10 @@ def build_trainer(model, *, batch_size: int, callbacks: list, evaluate: bool = F
     extra = {"evaluate_dataloaders": DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH),
              "metrics": {"acc": Accuracy()}} if evaluate else {}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return Trainer(model, train, optimizer, driver="torch", n_epochs=N_EPOCHS, accumulation_steps=ACCUMULATION,
-                   callbacks=callbacks, progress_bar=None, **extra, **options)
+    options.setdefault("accumulation_steps", ACCUMULATION)
+    options.setdefault("n_epochs", N_EPOCHS)
+    return Trainer(model, train, optimizer, driver="torch", callbacks=callbacks,
+                   progress_bar=None, **extra, **options)
 
 
 def params_of(model: torch.nn.Module) -> dict[str, list[float]]:
@@ -232,6 +237,21 @@ def fail(args: argparse.Namespace) -> None:
     trainer.run()
 
 
+# ----------------------------------------------------------------------------- ctrl-c
+def ctrl_c(args: argparse.Namespace) -> None:
+    """The phases of ``tests/_ctrl_c_rule.py`` on this script's run, without accumulation."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+    from tests._ctrl_c_rule import run_phase
+
+    def make_trainer(n_epochs: int, callbacks: list, **options) -> Trainer:
+        torch.manual_seed(0)
+        return build_trainer(Net(), batch_size=BATCH_PER_RANK, callbacks=callbacks, accumulation_steps=1,
+                             n_epochs=n_epochs, **options)
+
+    for phase in args.phases.split(","):
+        run_phase(phase, args.out, make_trainer)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -248,8 +268,11 @@ def main() -> None:
     f.add_argument("mode", choices=("raise", "stall", "mark", "early"))
     f.add_argument("--victim", type=int, default=1)
     f.add_argument("--timeout", type=float, default=60.0)
+    c = sub.add_parser("ctrl-c")
+    c.add_argument("out")
+    c.add_argument("phases")
     args = parser.parse_args()
-    {"train": train, "fail": fail}[args.command](args)
+    {"train": train, "fail": fail, "ctrl-c": ctrl_c}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ Runs the comma-separated PHASES one after another in the same processes and writ
 Every phase trains the FSDP tests' ``Net`` (their data and settings: 2 epochs, accumulation 2,
 clipping by norm, AdamW) from the same seed.
 
+- ``ctrl-c``, ``resume``, ``straight``: ``tests/_ctrl_c_rule.py``'s (Ctrl-C, then resume), ZeRO-3 without
+  accumulation;
 - ``ddp``: ``driver="torch"`` (DDP), the reference; ``zero2`` / ``zero3``: ``driver="deepspeed"``
   at that stage, with evaluation on an odd-sized set each epoch, then evaluate(), predict()
   and save_model() (zero3);
@@ -104,11 +106,10 @@ def build_trainer(model, *, driver: str, callbacks: list, evaluate: bool = False
     train = DataLoader(Points(N_TRAIN, seed=0), batch_size=BATCH_PER_RANK, shuffle=True)
     extra = {"evaluate_dataloaders": DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH),
              "metrics": {"acc": Accuracy()}} if evaluate else {}
-    options.setdefault("accumulation_steps", ACCUMULATION)
-    options.setdefault("grad_clip", GRAD_CLIP)
+    options = {"accumulation_steps": ACCUMULATION, "grad_clip": GRAD_CLIP, "n_epochs": N_EPOCHS, "log_every_n_steps": 2,
+               **options}
     opt = torch.optim.AdamW(model.parameters(), lr=0.01) if optimizer else None
-    return Trainer(model, train, opt, driver=driver, n_epochs=N_EPOCHS, callbacks=callbacks, progress_bar=None,
-                   log_every_n_steps=2, **extra, **options)
+    return Trainer(model, train, opt, driver=driver, callbacks=callbacks, progress_bar=None, **extra, **options)
 
 
 def loaded_forward_diff(driver) -> float:
@@ -148,9 +149,25 @@ def run_gpt2(args: argparse.Namespace) -> None:
         json.dump({"params": state_lists(d.model_state())}, f)
 
 
+def ctrl_c_phase(phase: str, args: argparse.Namespace) -> None:
+    """A phase of ``tests/_ctrl_c_rule.py`` (Ctrl-C, then resume) on this script's run: ZeRO-3, no accumulation."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+    from tests._ctrl_c_rule import run_phase as run_rule_phase
+
+    def make_trainer(n_epochs: int, callbacks: list, **options) -> Trainer:
+        torch.manual_seed(0)
+        return build_trainer(Net(), driver="deepspeed", callbacks=callbacks, accumulation_steps=1, n_epochs=n_epochs,
+                             deepspeed_kwargs={"zero_stage": 3}, **options)
+
+    run_rule_phase(phase, args.out, make_trainer)
+
+
 def run_phase(phase: str, args: argparse.Namespace) -> None:
     if phase == "gpt2":
         run_gpt2(args)
+        return
+    if phase in ("ctrl-c", "resume", "straight"):
+        ctrl_c_phase(phase, args)
         return
     torch.manual_seed(0)
     model = Net()

@@ -33,7 +33,8 @@ Trainer starts the process group, the later ones use it) and writes
   ``reset_parameters``; recorded as ``initialised``), then ``load_model`` of the seed-0 weights as a plain
   safetensors file (each rank reads its slices), then the ``full`` run (no evaluation).
 
-Every phase also records the full optimizer state (``optim``).
+Every phase also records the full optimizer state (``optim``), except ``ctrl-c``, ``resume`` and ``straight``:
+those are ``tests/_ctrl_c_rule.py``'s (Ctrl-C, then resume), on the same run without accumulation.
 
 With ``--nproc 2`` the script is started as ``python _fsdp_script.py`` and the Trainer starts rank 1.
 ``--accumulation N`` sets ``accumulation_steps`` (default ``ACCUMULATION``): one rank accumulating 4
@@ -141,16 +142,32 @@ def build_trainer(model, *, batch_size: int, driver: str, callbacks: list, evalu
     extra = {"evaluate_dataloaders": DataLoader(Points(N_EVAL, seed=1), batch_size=EVAL_BATCH),
              "metrics": {"acc": Accuracy()}} if evaluate else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    options.setdefault("accumulation_steps", ACCUMULATION)
-    return Trainer(model, train, optimizer, driver=driver, n_epochs=N_EPOCHS, grad_clip=GRAD_CLIP,
-                   callbacks=callbacks, progress_bar=None, log_every_n_steps=2, **extra, **options)
+    options = {"accumulation_steps": ACCUMULATION, "n_epochs": N_EPOCHS, "log_every_n_steps": 2, **options}
+    return Trainer(model, train, optimizer, driver=driver, grad_clip=GRAD_CLIP, callbacks=callbacks,
+                   progress_bar=None, **extra, **options)
 
 
 def state_lists(state: dict) -> dict[str, list[float]]:
     return {name: t.detach().float().flatten().tolist() for name, t in sorted(state.items())}
 
 
+def ctrl_c_phase(phase: str, args: argparse.Namespace) -> None:
+    """A phase of ``tests/_ctrl_c_rule.py`` (Ctrl-C, then resume) on this script's run, without accumulation."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+    from tests._ctrl_c_rule import run_phase as run_rule_phase
+
+    def make_trainer(n_epochs: int, callbacks: list, **options) -> Trainer:
+        torch.manual_seed(0)
+        return build_trainer(Net(), batch_size=BATCH_PER_RANK, driver="torch_fsdp", callbacks=callbacks,
+                             accumulation_steps=1, n_epochs=n_epochs, **options)
+
+    run_rule_phase(phase, args.out, make_trainer)
+
+
 def run_phase(phase: str, args: argparse.Namespace) -> None:
+    if phase in ("ctrl-c", "resume", "straight"):
+        ctrl_c_phase(phase, args)
+        return
     torch.manual_seed(0)
     model = Net()
     initial_file = os.path.join(args.out, "initial.safetensors")
