@@ -200,10 +200,12 @@ def run_phase(phase: str, args: argparse.Namespace) -> None:
     optimizer = True
     if phase == "config-optimizer":
         path = os.path.join(args.out, "ds_config.json")
-        with open(path, "w") as f:
+        mine = f"{path}.{os.getpid()}"  # every rank writes the same file: whole, then renamed, so none reads half
+        with open(mine, "w") as f:
             json.dump({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01, "torch_adam": True}},
                        "gradient_clipping": GRAD_CLIP, "train_micro_batch_size_per_gpu": BATCH_PER_RANK,
                        "gradient_accumulation_steps": ACCUMULATION, "zero_optimization": {"stage": 2}}, f)
+        os.replace(mine, path)
         options = {"deepspeed_kwargs": {"config": path}, "grad_clip": None}
         optimizer = False
     if phase.startswith("bf16"):
