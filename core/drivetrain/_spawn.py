@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn, Protocol
 
-from ._errors import DriverError
+from ._errors import DriverError, TrainingTerminated
 from ._folder_store import FolderStore
 
 SPAWN_PARENT_ENV = "DRIVETRAIN_SPAWN_PARENT"
@@ -149,8 +149,7 @@ def stop_signal(exc: BaseException | None) -> int | None:
     :class:`~drivetrain.TrainingTerminated`), else None."""
     if isinstance(exc, KeyboardInterrupt):
         return int(signal.SIGINT)
-    signum = getattr(exc, "signum", None)  # TrainingTerminated, without importing the errors module here
-    return signum if isinstance(exc, SystemExit) and isinstance(signum, int) else None
+    return exc.signum if isinstance(exc, TrainingTerminated) else None
 
 
 def exception_summary(exc: BaseException | None) -> str:
