@@ -63,14 +63,6 @@ def check_model_type(model: Any, module_type: type, *, driver: str, expected: st
     )
 
 
-def bool_option(options: Mapping[str, Any], key: str, default: bool, *, argument: str) -> bool:
-    """``options[key]`` (or ``default``), refusing anything but a real bool: ``"False"`` is truthy."""
-    value = options.get(key, default)
-    if not isinstance(value, bool):
-        raise DriverError(f"{argument}[{key!r}]={value!r} must be True or False.")
-    return value
-
-
 def check_lrs(lrs: Any, groups: list[int]) -> list[list[float]]:
     """``Driver.set_lrs``' argument as floats, refused unless it fits ``groups`` (param groups per optimizer).
 

@@ -16,8 +16,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ._backend_checks import bool_option
 from ._errors import DriverError
+from ._options import bool_option
 
 LAUNCHES = ("existing", "env", "spawned", "spawn")
 SPAWN_OUTPUTS = ("inherit", "prefix")

@@ -22,6 +22,7 @@ from ._checkpoint import safetensors_writer
 from ._checkpoint.safetensors_writer import TensorEntry
 from ._errors import DriverError, DrivetrainError
 from ._loader_checks import check_not_data
+from ._options import PRECISIONS
 from ._param_matching import auto_param_call, explain_call_failure
 from ._public_names import public_name
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 CONTRACT_VERSION = 1
 """Version of this contract; a backend declares the versions it implements."""
 
-PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)

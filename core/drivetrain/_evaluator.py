@@ -17,7 +17,6 @@ from ._errors import BatchMismatchError, ConfigurationError
 from ._inference import ArgumentNames, ModelStep, batch_dict, call_with_rng_kept, iterate_batches
 from ._metrics import Metric
 from ._options import (
-    build_driver,
     check_int,
     check_optional_callable,
     parameter_names,
@@ -26,6 +25,7 @@ from ._options import (
     unknown_arguments_error,
 )
 from ._outputs import METRIC_ALIASES, named_outputs, resolve_metric_inputs
+from ._plugins import build_driver
 from ._progress.loop import LoopDisplay, choose_loop_display
 
 

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ._backend_checks import bool_option, check_framework_kwargs, check_lrs, check_model_type
+from ._backend_checks import check_framework_kwargs, check_lrs, check_model_type
 from ._driver import Driver
 from ._errors import DriverError
+from ._options import bool_option
 
 NULL_CONTEXT = contextlib.nullcontext()
 """One shared no-op context (``auto_cast`` in full precision), so the hot path allocates none."""

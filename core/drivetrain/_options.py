@@ -7,9 +7,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._driver import PRECISIONS, Driver
-from ._errors import ConfigurationError
-from ._plugins import create_driver
+from ._errors import ConfigurationError, DriverError
 from ._suggest import close_matches, did_you_mean
 
 BACKEND_KWARGS_SUFFIX = "_kwargs"
@@ -30,6 +28,9 @@ def check_optional_callable(value: Any, argument: str, signature: str) -> None:
     if value is not None and not callable(value):
         raise ConfigurationError(f"{argument}={value!r} must be a function {signature} or None.")
 
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+"""The precisions every driver accepts (``Driver.precision``)."""
 
 PRECISION_ALIASES = {"16-mixed": "fp16", "bf16-mixed": "bf16", "32-true": "fp32"}
 """Lightning's names for the precisions drivetrain has (autocast in fp16 or bf16 over fp32 weights; plain fp32)."""
@@ -123,9 +124,9 @@ def check_keywords(cls: type) -> type:
     return cls
 
 
-def build_driver(driver: Any, model: Any, device: Any, **options: Any) -> Driver:
-    if not isinstance(driver, (str, Driver)):
-        raise ConfigurationError(
-            f"driver={driver!r} is not accepted; pass a driver name ('torch', 'paddle', ...), 'auto', or a Driver."
-        )
-    return create_driver(driver, model, device, **options)
+def bool_option(options: Mapping[str, Any], key: str, default: bool, *, argument: str) -> bool:
+    """``options[key]`` (or ``default``), refusing anything but a real bool: ``"False"`` is truthy."""
+    value = options.get(key, default)
+    if not isinstance(value, bool):
+        raise DriverError(f"{argument}[{key!r}]={value!r} must be True or False.")
+    return value

@@ -554,3 +554,11 @@ def create_driver(driver: Any, model: Any, device: Any, *,
     if framework_kwargs is not None:
         options["framework_kwargs"] = framework_kwargs
     return factory(model, device, **options)
+
+
+def build_driver(driver: Any, model: Any, device: Any, **options: Any) -> Driver:
+    if not isinstance(driver, (str, Driver)):
+        raise ConfigurationError(
+            f"driver={driver!r} is not accepted; pass a driver name ('torch', 'paddle', ...), 'auto', or a Driver."
+        )
+    return create_driver(driver, model, device, **options)

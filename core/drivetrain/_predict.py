@@ -29,7 +29,6 @@ from ._driver import Driver
 from ._errors import ConfigurationError
 from ._inference import ArgumentNames, ModelStep, call_with_rng_kept, iterate_batches
 from ._options import (
-    build_driver,
     check_int,
     parameter_names,
     resolve_precision,
@@ -37,6 +36,7 @@ from ._options import (
     unknown_arguments_error,
 )
 from ._outputs import LOSS, flatten_outputs, named_outputs
+from ._plugins import build_driver
 from ._progress.loop import LoopDisplay, choose_loop_display
 
 METADATA_FILE = "predictions.json"

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ._checkpoint.safetensors_writer import _NUMPY_TAGS
+from ._checkpoint.safetensors_writer import NUMPY_TAGS
 from ._errors import DriverError
 
-_NUMPY_DTYPES = {tag: dtype for dtype, tag in _NUMPY_TAGS.items()}
+_NUMPY_DTYPES = {tag: dtype for dtype, tag in NUMPY_TAGS.items()}
 """safetensors tag -> numpy dtype, for the tags numpy has a dtype for."""
 _DTYPE_NAMES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "complex64": "C64",
                 "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",

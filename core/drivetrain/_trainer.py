@@ -29,7 +29,6 @@ from ._log import configure as configure_logging
 from ._loop_plan import ResumedFrom, plan_length
 from ._monitor import find_monitor_value
 from ._options import (
-    build_driver,
     check_int,
     parameter_names,
     resolve_precision,
@@ -38,6 +37,7 @@ from ._options import (
 )
 from ._outputs import named_outputs, require_loss
 from ._param_matching import make_batch_namer, make_mapping_fn
+from ._plugins import build_driver
 from ._progress import choose_progress
 from ._records.recorder import HistoryRecorder, RunRecorder
 from ._sampler import ReproducibleBatchSampler, find_reproducible_sampler

@@ -14,7 +14,6 @@ argument, are here too, the same objects as ``drivetrain.Driver`` and ``drivetra
 from __future__ import annotations
 
 from ._backend_checks import (
-    bool_option,
     check_framework_kwargs,
     check_lrs,
     check_model_type,
@@ -89,6 +88,7 @@ from ._log import ignore_framework_log_format
 from ._lr_groups import group_multipliers, shared_rate
 from ._module_driver import NULL_CONTEXT, ModuleDriver, call_through_wrapper
 from ._optimizer_keys import optimizer_state_by_index, optimizer_state_by_name
+from ._options import bool_option
 from ._param_matching import positional_parameters
 from ._plugin_spec import driver_specs_hook
 from ._precision_amp import AmpPrecision, check_scaler_values, no_bf16_error, scaler_options

@@ -23,14 +23,22 @@ import numpy as np
 from .._convert.record import CLASSES_KEY, LAYOUT_KEY
 from .._io import atomic_write
 from . import safetensors_writer
-from .folder import MANIFEST, CheckpointError, list_checkpoints, read_checkpoint, read_manifest, verified_file
-from .frozen import FROZEN_KEY
+from .folder import (
+    FROZEN_KEY,
+    MANIFEST,
+    CheckpointError,
+    is_sharded,
+    list_checkpoints,
+    read_checkpoint,
+    read_manifest,
+    verified_file,
+)
 from .merge_lora import merged_entries
+from .safetensors_reader import read_entries
 from .shard_layout import MODEL_PREFIX, ShardRead
-from .sharded import is_sharded, parse_layout
+from .sharded import parse_layout
 from .training import MODEL_FILE
 
-_HEADER_LIMIT = 100 << 20
 """Largest safetensors header accepted (the format's own readers refuse larger ones too)."""
 
 
@@ -204,41 +212,6 @@ def _verify(folder: str, manifest: dict[str, Any]) -> None:
     if not isinstance(record, dict):
         raise CheckpointError(f"{folder}: the manifest lists no {MODEL_FILE}; this checkpoint holds no model weights.")
     verified_file(folder, MODEL_FILE, record, keep=False)
-
-
-def read_entries(path: str, data: memoryview) -> tuple[list[safetensors_writer.TensorEntry], dict[str, str]]:
-    """The tensors of a safetensors file as views into ``data``, and its metadata; the header is checked."""
-    def damaged(why: str) -> CheckpointError:
-        return CheckpointError(f"{path} is not a readable safetensors file: {why}.")
-
-    if data.nbytes < 8:
-        raise damaged("shorter than its 8-byte header size")
-    (length,) = struct.unpack("<Q", data[:8])
-    if length > min(_HEADER_LIMIT, data.nbytes - 8):
-        raise damaged(f"header size {length} exceeds the file")
-    try:
-        header = json.loads(bytes(data[8:8 + length]))
-    except ValueError as exc:
-        raise damaged(f"its header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise damaged("its header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    body = data[8 + length:]
-    entries: list[safetensors_writer.TensorEntry] = []
-    for name, info in header.items():
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            expected = safetensors_writer.ITEM_SIZES[dtype]
-            for n in shape:
-                expected *= n
-        except (KeyError, TypeError, ValueError):
-            raise damaged(f"entry {name!r} has no valid dtype, shape and data_offsets") from None
-        if not (0 <= begin <= end <= body.nbytes) or end - begin != expected:
-            raise damaged(f"entry {name!r} has data offsets {[begin, end]} that do not fit its shape or the file")
-        entries.append((name, dtype, shape, body[begin:end]))
-    if not isinstance(metadata, dict):
-        raise damaged("its __metadata__ is not an object")
-    return entries, metadata
 
 
 def _export_metadata(manifest: dict[str, Any], folder: str) -> dict[str, str]:

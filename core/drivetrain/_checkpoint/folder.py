@@ -335,3 +335,17 @@ def newest_over_folders(folders: Sequence[str | os.PathLike]) -> str | None:
             folder, manifest = newest
             found.append((manifest["trainer"].get("global_forward_batches", -1), manifest.get("created", 0), folder))
     return max(found)[2] if found else None
+
+
+FROZEN_KEY = "frozen"
+"""The manifest's record of the frozen parameters a folder does not hold."""
+
+
+def is_sharded(manifest: Mapping[str, Any]) -> bool:
+    """Whether the manifest describes a checkpoint written as one file per rank."""
+    return isinstance(manifest.get("sharded"), dict)
+
+
+def shard_files(manifest: Mapping[str, Any]) -> list[str]:
+    """The per-rank files of a sharded checkpoint's manifest (none for a whole-state one)."""
+    return list(manifest["sharded"].get("files", [])) if is_sharded(manifest) else []

@@ -29,10 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._driver import Driver
-from .folder import CheckpointError
-
-FROZEN_KEY = "frozen"
-"""The manifest's record of the frozen parameters a folder does not hold."""
+from .folder import FROZEN_KEY, CheckpointError
 
 _MOD = 1 << 64  # the checksums' arithmetic: numpy's uint64, wrapping
 _BLOCK = 1 << 22  # elements summed at once: bounds the temporary memory of a checksum

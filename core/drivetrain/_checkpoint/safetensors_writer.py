@@ -57,7 +57,7 @@ ITEM_SIZES: dict[str, int] = {
 """Bytes per element of every dtype tag this writer accepts."""
 _RANK = {tag: i for i, tag in enumerate(_DTYPE_ORDER)}
 
-_NUMPY_TAGS = {np.dtype(t): tag for t, tag in (
+NUMPY_TAGS = {np.dtype(t): tag for t, tag in (
     (np.float64, "F64"), (np.float32, "F32"), (np.float16, "F16"), (np.int64, "I64"), (np.uint64, "U64"),
     (np.int32, "I32"), (np.uint32, "U32"), (np.int16, "I16"), (np.uint16, "U16"), (np.int8, "I8"),
     (np.uint8, "U8"), (np.bool_, "BOOL"), (np.complex64, "C64"))}
@@ -78,7 +78,7 @@ def array_buffer(array: np.ndarray, dtype: str | None = None) -> tuple[str, tupl
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     if dtype is None:
-        dtype = _NUMPY_TAGS.get(array.dtype.newbyteorder("="))
+        dtype = NUMPY_TAGS.get(array.dtype.newbyteorder("="))
         if dtype is None:
             raise DriverError(f"has numpy dtype {array.dtype}, which safetensors cannot store.")
     if not array.flags.c_contiguous:

@@ -32,15 +32,18 @@ from .._driver import Driver
 from .._errors import DriverError
 from .codec import StateEncodingError, join_state, split_state
 from .folder import (
+    FROZEN_KEY,
     CheckpointError,
     FileContent,
     LoadedCheckpoint,
     finish_checkpoint,
+    is_sharded,
+    shard_files,
     temp_name,
     verified_file,
 )
 from .folder import write_files as _write_files
-from .frozen import FROZEN_KEY, cached_sums, check_frozen, combine, frozen_names
+from .frozen import cached_sums, check_frozen, combine, frozen_names
 from .shard_layout import (
     LAYOUT_FILE,
     MODEL_PREFIX,
@@ -234,14 +237,6 @@ def _encode_meta(meta: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------- reading
-def is_sharded(manifest: Mapping[str, Any]) -> bool:
-    return isinstance(manifest.get("sharded"), dict)
-
-
-def shard_files(manifest: Mapping[str, Any]) -> list[str]:
-    return list(manifest["sharded"].get("files", [])) if is_sharded(manifest) else []
-
-
 def open_shards(driver: Driver, loaded: LoadedCheckpoint) -> ShardSource:
     """Every rank: verify the shard files (each rank hashes its share of them, in parallel), then parse the layout.
 

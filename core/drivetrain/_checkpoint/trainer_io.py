@@ -20,15 +20,16 @@ from .._driver import Driver
 from .._loop_plan import ResumedFrom
 from .._stateful_data import loader_position
 from .folder import (
+    FROZEN_KEY,
     CheckpointError,
+    is_sharded,
     read_checkpoint,
     read_manifest,
     resumes_exactly,
     verified_file,
     write_checkpoint,
 )
-from .frozen import FROZEN_KEY
-from .sharded import is_sharded, load_shards, open_shards, whole_file_source, write_sharded_checkpoint
+from .sharded import load_shards, open_shards, whole_file_source, write_sharded_checkpoint
 from .training import (
     MODEL_FILE,
     Position,

@@ -27,8 +27,8 @@ from .._errors import DrivetrainError
 from .._seed import capture_host_rng, restore_host_rng
 from .._version import __version__
 from .codec import StateEncodingError, join_state, split_state
-from .folder import CheckpointError, FileContent, LoadedCheckpoint
-from .frozen import FROZEN_KEY, complete_with_frozen, split_frozen
+from .folder import FROZEN_KEY, CheckpointError, FileContent, LoadedCheckpoint
+from .frozen import complete_with_frozen, split_frozen
 
 MODEL_FILE = "model.safetensors"
 STATE_TENSORS = "training_state.safetensors"

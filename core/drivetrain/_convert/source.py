@@ -14,10 +14,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._checkpoint.export import read_entries
-from .._checkpoint.folder import CheckpointError, read_manifest, verified_file
-from .._checkpoint.frozen import FROZEN_KEY
-from .._checkpoint.sharded import is_sharded
+from .._checkpoint.folder import FROZEN_KEY, CheckpointError, is_sharded, read_manifest, verified_file
+from .._checkpoint.safetensors_reader import read_entries
 from .._errors import ConfigurationError
 from .._plugins import install_hint
 from .engine import Tensor
