@@ -48,7 +48,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from drivetrain import Event, Trainer, seed_everything  # noqa: E402
-from drivetrain._checkpoint import safetensors_writer  # noqa: E402
+from drivetrain._format import safetensors_writer  # noqa: E402
 
 DATASET = 200_000
 RESUME_STEPS = (10, 100_000)

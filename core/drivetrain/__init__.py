@@ -4,15 +4,18 @@ Importing this package imports no deep-learning framework; a framework is import
 only when its driver is chosen (``Trainer(..., driver="torch")``).
 """
 
-from ._callbacks import Callback, CallbackError, rank_zero_only
-from ._callbacks_lib import CheckpointCallback, EarlyStopCallback, LRSchedulerCallback, WarmupSchedule
-from ._checkpoint import CheckpointError, StateEncodingError
-from ._checkpoint.export import export_weights
-from ._convert.api import load_weights
-from ._convert.layout import TensorRule, WeightLayout
-from ._convert.load import convert_weights
-from ._driver import CONTRACT_VERSION, Capabilities, Driver
-from ._errors import (
+from ._callbacks import (
+    Callback,
+    CallbackError,
+    CheckpointCallback,
+    EarlyStopCallback,
+    Event,
+    LRSchedulerCallback,
+    WarmupSchedule,
+    rank_zero_only,
+)
+from ._checkpoint import export_weights, load_weights
+from ._common import (
     BatchMismatchError,
     ConfigurationError,
     DistributedError,
@@ -22,17 +25,26 @@ from ._errors import (
     EarlyStopException,
     PluginLoadError,
     TrainingTerminated,
+    __version__,
 )
-from ._evaluator import Evaluator
-from ._events import Event
+from ._convert import convert_weights
+from ._data import ReproducibleBatchSampler
+from ._format import CheckpointError, StateEncodingError
+from ._loop import Evaluator, Trainer, load_predictions, predict
 from ._metrics import Accuracy, ClassifyFPreRecMetric, Metric, MetricInputError
-from ._plugins import DriverSpec, available_drivers, hookimpl, register_plugin
-from ._predict import load_predictions, predict
 from ._progress import RawTextProgress, RichProgress, TqdmProgress
-from ._sampler import ReproducibleBatchSampler
-from ._seed import seed_everything
-from ._trainer import Trainer
-from ._version import __version__
+from .backend import (
+    CONTRACT_VERSION,
+    Capabilities,
+    Driver,
+    DriverSpec,
+    TensorRule,
+    WeightLayout,
+    available_drivers,
+    hookimpl,
+    register_plugin,
+    seed_everything,
+)
 
 __all__ = [
     "CONTRACT_VERSION",

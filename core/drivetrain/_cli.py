@@ -17,15 +17,15 @@ import os
 import sys
 from typing import TextIO
 
-from ._driver import CONTRACT_VERSION
-from ._plugins import (
+from ._common import __version__
+from .backend import (
+    CONTRACT_VERSION,
     KNOWN_BACKENDS,
     contract_problem,
     driver_not_found,
     get_registry,
     known_install,
 )
-from ._version import __version__
 
 
 def _backends(out: TextIO) -> int:
@@ -67,8 +67,7 @@ def _backends(out: TextIO) -> int:
 
 def _check(name: str, out: TextIO) -> int:
     """Run the contract checks on backend ``name``: 0 all passed, 1 some failed, 2 could not run."""
-    from .testing import GROUPS, kit_for, run_contract_checks
-    from .testing._suite import checked_waivers
+    from .testing import GROUPS, checked_waivers, kit_for, run_contract_checks
 
     spec = get_registry().specs.get(name)
     try:
@@ -151,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export(checkpoint: str, output: str, out: TextIO, base: str | None = None) -> int:
-    from ._checkpoint.export import export_weights
-    from ._errors import DrivetrainError
+    from ._checkpoint import export_weights
+    from ._common import DrivetrainError
 
     try:
         path = export_weights(checkpoint, output, base=base)
@@ -165,8 +164,8 @@ def _export(checkpoint: str, output: str, out: TextIO, base: str | None = None) 
 
 
 def _convert(source: str, to: str, output: str, out: TextIO, source_driver: str | None = None) -> int:
-    from ._convert.load import convert_weights
-    from ._errors import DrivetrainError
+    from ._common import DrivetrainError
+    from ._convert import convert_weights
 
     try:
         path = convert_weights(source, to, output, source_driver=source_driver)
@@ -179,8 +178,8 @@ def _convert(source: str, to: str, output: str, out: TextIO, source_driver: str 
 
 
 def _plot(run_dirs: list[str], output: str | None, out: TextIO) -> int:
-    from ._errors import ConfigurationError
-    from ._records.plot import DEFAULT_NAME, plot_runs
+    from ._common import ConfigurationError
+    from ._records import DEFAULT_NAME, plot_runs
 
     try:
         path = plot_runs(run_dirs, output or os.path.join(run_dirs[0], DEFAULT_NAME))

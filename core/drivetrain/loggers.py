@@ -10,14 +10,17 @@ run uses its logger. Subclass :class:`Logger` for your own, or
 publish one by name through the ``drivetrain_loggers`` hook of a plugin's entry point.
 """
 
-from ._options import check_keywords
-from ._records.files import CSVLogger, JSONLinesLogger
-from ._records.logger import Logger
-from ._records.mlflow_logger import MLflowLogger
-from ._records.registry import logger_names
-from ._records.tensorboard import TensorBoardLogger
-from ._records.visualdl_logger import VisualDLLogger
-from ._records.wandb_logger import WandbLogger
+from ._common import check_keywords
+from ._records import (
+    CSVLogger,
+    JSONLinesLogger,
+    Logger,
+    MLflowLogger,
+    TensorBoardLogger,
+    VisualDLLogger,
+    WandbLogger,
+    logger_names,
+)
 
 for _public in (Logger, CSVLogger, JSONLinesLogger, MLflowLogger, TensorBoardLogger, VisualDLLogger, WandbLogger):
     check_keywords(_public)  # a misspelt keyword gets the closest accepted name

@@ -87,7 +87,7 @@ def see_also(module_name: str, names: list[str]) -> str:
 def driver_rows() -> list[tuple[object, str]]:
     """``(DriverSpec, source)`` for every installed driver, then for the shipped backends not installed here."""
     from drivetrain import available_drivers
-    from drivetrain._plugins import KNOWN_BACKENDS
+    from drivetrain.backend._plugins import KNOWN_BACKENDS
 
     rows = [(spec, "installed") for _, spec in sorted(available_drivers().items())]
     present = {spec.distribution for spec, _ in rows}

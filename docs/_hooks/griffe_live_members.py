@@ -14,7 +14,7 @@ from typing import Any
 
 import griffe
 
-LIVE = {"drivetrain._events.Event", "drivetrain._callbacks.Callback"}
+LIVE = {"drivetrain._callbacks.events.Event", "drivetrain._callbacks.base.Callback"}
 
 
 def _parameters(function: Any) -> griffe.Parameters:

@@ -5,7 +5,7 @@ Shared by ``tests/core/test_kill9.py``, ``tests/torch/test_torch_kill9.py`` and
 first process and zero or more of the resumed ones are killed with SIGKILL after a
 random delay, then a resume runs to the end; its final parameters must be
 bit-identical to those of an uninterrupted run. After every kill each checkpoint
-under its real name must verify (:func:`drivetrain._checkpoint.folder.read_checkpoint`);
+under its real name must verify (:func:`drivetrain._format.folder.read_checkpoint`);
 ``.tmp-`` folders may be left behind.
 
 Where a kill landed is told from what it left:
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from drivetrain._checkpoint.folder import TEMP_PREFIX, read_checkpoint
+from drivetrain._format.folder import TEMP_PREFIX, read_checkpoint
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kill9_train.py")
 DELAY_ENV = "DRIVETRAIN_KILL9_SAVE_DELAY"

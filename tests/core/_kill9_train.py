@@ -41,7 +41,7 @@ def slow_down_saves(delay: float, driver) -> None:
     """Sleep ``delay`` before each file of a checkpoint is written (inside the temp folder)."""
     if delay <= 0:
         return
-    from drivetrain._checkpoint import folder
+    from drivetrain._format import folder
 
     write = getattr(folder, "_write_and_hash", None)
     if write is not None:
@@ -233,7 +233,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from drivetrain import Event
-    from drivetrain._checkpoint import list_checkpoints, remove_checkpoint
+    from drivetrain._format import list_checkpoints, remove_checkpoint
 
     trainer, final_params = BUILDERS[args.driver]()
     slow_down_saves(float(os.environ.get("DRIVETRAIN_KILL9_SAVE_DELAY", "0")), trainer.driver)

@@ -91,7 +91,7 @@ def test_options_for_drivers_not_installed_here_are_passed_over():
 
 def test_known_backend_not_installed_gives_pip_command():
     from drivetrain import available_drivers
-    from drivetrain._plugins import KNOWN_BACKENDS
+    from drivetrain.backend._plugins import KNOWN_BACKENDS
 
     missing = [name for name in KNOWN_BACKENDS if name not in available_drivers()]
     if not missing:
@@ -166,7 +166,7 @@ def test_monitor_of_a_metric_with_several_results_is_refused_early():
 
 
 def test_monitor_picks_the_first_dataloader_given_and_explains_ambiguity():
-    from drivetrain._monitor import find_monitor_value
+    from drivetrain._callbacks.monitor import find_monitor_value
 
     results = {"acc#acc#test": 0.5, "acc#acc#dev": 0.9, "f#fpr#dev": 0.7, "pre#fpr#dev": 0.6}
     assert find_monitor_value(results, "acc") == 0.5
@@ -220,7 +220,7 @@ def test_run_arguments_are_checked():
 
 
 def test_a_backend_whose_framework_has_no_wheels_for_this_python_says_which_python(monkeypatch):
-    from drivetrain._plugins import KNOWN_BACKENDS, install_hint
+    from drivetrain.backend._plugins import KNOWN_BACKENDS, install_hint
 
     known = KNOWN_BACKENDS["oneflow"]
     monkeypatch.setattr("sys.version_info", (3, 11, 7, "final", 0))

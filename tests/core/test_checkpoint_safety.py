@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from drivetrain import CheckpointError, Event, Trainer, seed_everything
-from drivetrain._checkpoint.folder import TEMP_PREFIX, read_checkpoint
+from drivetrain._format.folder import TEMP_PREFIX, read_checkpoint
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 from .conftest import make_regression

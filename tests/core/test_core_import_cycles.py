@@ -2,7 +2,7 @@
 
 Every import counts, at module level, inside a function or under ``TYPE_CHECKING``: a cycle
 hides which module is the base of which. Where two modules need each other's names, the
-shared part moves into a third (``_checkpoint/shard_layout.py`` for the shard data the
+shared part moves into a third (``_format/shard_layout.py`` for the shard data the
 Driver names and the checkpoint code uses), a facade re-exports instead of being imported
 (``drivetrain.backend``), or the dependent side names what it needs as a Protocol
 (``_checkpoint/trainer_io.Trainer``). Read with :mod:`ast`; nothing is imported.
@@ -48,7 +48,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 def test_no_import_cycle_inside_the_core() -> None:
     modules = core_modules()
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    assert len(graph) > 50 and "drivetrain._driver" in graph["drivetrain.backend"]  # the scan sees the core
+    assert len(graph) > 50 and "drivetrain.backend._driver" in graph["drivetrain.backend"]  # the scan sees the core
     found = cycles(graph)
     assert not found, ("these core modules import each other (directly or through others): "
                        + "; ".join(" <-> ".join(group) for group in found)
@@ -56,11 +56,10 @@ def test_no_import_cycle_inside_the_core() -> None:
 
 
 def test_the_reader_resolves_relative_imports(tmp_path) -> None:
-    modules = {"drivetrain": Path("__init__.py"), "drivetrain._driver": Path("x.py"),
-               "drivetrain._checkpoint": Path("__init__.py"), "drivetrain._checkpoint.sharded": Path("y.py")}
+    modules = {"pkg": Path("__init__.py"), "pkg._driver": Path("x.py"),
+               "pkg._store": Path("__init__.py"), "pkg._store.sharded": Path("y.py")}
     probe = tmp_path / "folder.py"
     probe.write_text("from .._driver import Driver\nfrom . import sharded\ndef f():\n    from .. import _driver\n",
                      encoding="utf-8")
-    assert imports_of("drivetrain._checkpoint.folder", probe, modules) == {
-        "drivetrain._driver", "drivetrain._checkpoint.sharded"}
+    assert imports_of("pkg._store.folder", probe, modules) == {"pkg._driver", "pkg._store.sharded"}
     assert cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b"]]

@@ -12,7 +12,7 @@ import pytest
 import drivetrain
 from drivetrain import Accuracy, Callback, ConfigurationError, Evaluator, Event, Trainer
 from drivetrain._cli import main
-from drivetrain._options import parameter_names, unknown_arguments_error
+from drivetrain._common.options import parameter_names, unknown_arguments_error
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 from .conftest import make_classification, make_regression
@@ -93,7 +93,7 @@ def test_a_callback_method_named_like_no_event_is_refused_when_the_trainer_is_bu
 
 
 def test_a_misnamed_method_is_refused_on_every_rank():
-    from drivetrain._callbacks import CallbackManager
+    from drivetrain._callbacks.base import CallbackManager
 
     class Progressish(Callback):
         rank_zero_only = True
@@ -141,7 +141,7 @@ def test_monitor_without_a_dataloader_follows_the_order_the_dataloaders_were_giv
 
 
 def test_an_ambiguous_monitor_says_how_to_name_the_result_and_the_dataloader():
-    from drivetrain._monitor import find_monitor_value
+    from drivetrain._callbacks.monitor import find_monitor_value
 
     results = {"f#fpr#test": 0.1, "pre#fpr#test": 0.2, "f#fpr#dev": 0.3}
     with pytest.raises(ConfigurationError, match=r"it matches \['f#fpr#test', 'pre#fpr#test'\]. Pass one of these "

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from drivetrain._dist_objects import broadcast_pickled, gather_pickled, reduce_gathered
-from drivetrain._errors import DriverError
-from drivetrain._spawn import Launcher, local_launch_env
+from drivetrain._common.errors import DriverError
+from drivetrain._distributed.objects import broadcast_pickled, gather_pickled, reduce_gathered
+from drivetrain._distributed.spawn import Launcher, local_launch_env
 
 EXIT_WITH_RANK = "import os, sys, time; rank = int(os.environ['RANK']); time.sleep(0.3 * rank); sys.exit(rank)"
 ONE_FAILS_ONE_HANGS = "import os, sys, time; rank = int(os.environ['RANK']); sys.exit(1) if rank else time.sleep(60)"

@@ -26,7 +26,7 @@ from drivetrain import (
     Trainer,
     hookimpl,
 )
-from drivetrain._plugins import reset_registry, resolve_spec
+from drivetrain.backend._plugins import reset_registry, resolve_spec
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 from .conftest import make_classification, make_regression
@@ -182,7 +182,7 @@ def test_a_framework_handler_on_the_root_logger_does_not_change_drivetrains_form
         handler.setFormatter(logging.Formatter(fmt))
         logging.getLogger().addHandler(handler)  # what a framework does at its import
         from drivetrain.backend import ignore_framework_log_format
-        from drivetrain._log import configure
+        from drivetrain._common.log import configure
         ignore_framework_log_format(fmt)
         configure(None, is_global_zero=True)
         logging.getLogger("drivetrain").info("probe")

@@ -16,8 +16,8 @@ import threading
 
 import pytest
 
-from drivetrain._folder_store import FOLDER_PREFIX, _remove_orphans
-from drivetrain._spawn import FailureBoard
+from drivetrain._distributed.folder_store import FOLDER_PREFIX, _remove_orphans
+from drivetrain._distributed.spawn import FailureBoard
 from drivetrain.backend import FolderStore
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="counts on fork and POSIX pids")

@@ -15,7 +15,7 @@ from drivetrain import (
     Trainer,
     seed_everything,
 )
-from drivetrain._options import resolve_precision
+from drivetrain._common.options import resolve_precision
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 from ._callback_helpers import make_trainer, stop_after

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from drivetrain._checkpoint.folder import read_checkpoint, resolve_resume_folder
+from drivetrain._format.folder import read_checkpoint, resolve_resume_folder
 
 from ._kill9 import Delays, kill_rounds
 
@@ -50,7 +50,7 @@ REPLACE_CHILD = r"""
 import os, sys
 import numpy as np
 from drivetrain import Trainer
-from drivetrain._checkpoint import folder
+from drivetrain._format import folder
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
 ckpt_dir, kill_after = sys.argv[1], sys.argv[2]

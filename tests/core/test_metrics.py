@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import precision_recall_fscore_support
 
-from drivetrain._errors import ConfigurationError
+from drivetrain._common.errors import ConfigurationError
 from drivetrain._metrics import Accuracy, ClassifyFPreRecMetric, Metric, MetricInputError
 
 

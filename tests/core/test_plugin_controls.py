@@ -15,7 +15,7 @@ import pytest
 import drivetrain
 from drivetrain import DriverNotFoundError, DriverSpec, PluginLoadError, hookimpl
 from drivetrain._cli import _check
-from drivetrain._plugins import reset_registry, resolve_spec
+from drivetrain.backend._plugins import reset_registry, resolve_spec
 
 from .test_plugins import make_broken_plugin, run_python
 

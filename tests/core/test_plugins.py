@@ -93,7 +93,7 @@ def test_cli_lists_backends_capabilities_and_broken_plugins(tmp_path):
 def test_plugin_registered_in_code():
     import drivetrain
     from drivetrain import Capabilities, DriverSpec, hookimpl
-    from drivetrain._plugins import reset_registry
+    from drivetrain.backend._plugins import reset_registry
 
     class InCode:
         @hookimpl
@@ -106,7 +106,7 @@ def test_plugin_registered_in_code():
         assert "incode" in drivetrain.available_drivers()
         from collections import OrderedDict
 
-        from drivetrain._plugins import resolve_spec
+        from drivetrain.backend._plugins import resolve_spec
 
         assert resolve_spec("auto", OrderedDict()).name == "incode"
     finally:
@@ -117,7 +117,7 @@ def test_plugin_registered_in_code():
 def test_incompatible_contract_version_is_refused():
     import drivetrain
     from drivetrain import DriverNotFoundError, DriverSpec, hookimpl
-    from drivetrain._plugins import reset_registry, resolve_spec
+    from drivetrain.backend._plugins import reset_registry, resolve_spec
 
     class Old:
         @hookimpl
@@ -136,7 +136,7 @@ def test_incompatible_contract_version_is_refused():
 def test_framework_module_missing_is_reported_with_install_command():
     import drivetrain
     from drivetrain import DriverNotFoundError, DriverSpec, hookimpl
-    from drivetrain._plugins import reset_registry, resolve_spec
+    from drivetrain.backend._plugins import reset_registry, resolve_spec
 
     class Missing:
         @hookimpl
@@ -155,7 +155,7 @@ def test_framework_module_missing_is_reported_with_install_command():
 def test_spec_without_contract_version_is_refused():
     import drivetrain
     from drivetrain import DriverNotFoundError, DriverSpec, hookimpl
-    from drivetrain._plugins import reset_registry, resolve_spec
+    from drivetrain.backend._plugins import reset_registry, resolve_spec
 
     class Unversioned:
         @hookimpl

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from drivetrain._callbacks import Callback, CallbackManager
-from drivetrain._errors import ConfigurationError, EarlyStopException
+from drivetrain._callbacks.base import Callback, CallbackManager
+from drivetrain._common.errors import ConfigurationError, EarlyStopException
 from drivetrain._progress import (
     ProgressCallback,
     RawTextProgress,

@@ -1,12 +1,12 @@
 """Backends reach the core only through its public API: ``drivetrain.backend`` and ``drivetrain``.
 
-The core's private modules (``drivetrain._errors``, ``drivetrain._sampler``, ``drivetrain._spawn``,
+The core's private modules (``drivetrain._common.errors``, ``drivetrain._data.sampler``, ``drivetrain._distributed.spawn``,
 ...) may change in any release; a backend that imports them breaks with it. This test reads
 the source of every backend package in the repository, and of the example third-party backend,
 with :mod:`ast` (no framework is imported) and fails on any way into a private module: an
 ``import``/``from ... import`` of ``drivetrain._x`` (or of ``_x`` from ``drivetrain``), an
 ``importlib.import_module``/``__import__`` call naming one (also relative to ``"drivetrain"``),
-an attribute such as ``drivetrain._errors`` on an imported ``drivetrain``, and a relative import
+an attribute such as ``drivetrain._common.errors`` on an imported ``drivetrain``, and a relative import
 that climbs out of the backend's own package. The message names the file, the line and the
 public name to import instead when there is one.
 """
@@ -29,7 +29,7 @@ PUBLIC_MODULES = ("drivetrain.backend", "drivetrain")  # where a replacement is 
 
 class Reach(NamedTuple):
     line: int
-    code: str  # what the source does, e.g. "from drivetrain._errors import DriverError"
+    code: str  # what the source does, e.g. "from drivetrain._common.errors import DriverError"
     name: str | None  # the name it wants from the private module, when it names one
 
 
@@ -93,7 +93,7 @@ def private_reaches(source: str, depth: int = 1) -> list[Reach]:
                             and isinstance(kw.value, ast.Constant)), args[1] if len(args) > 1 else None)
             if args[0] is not None and is_private(resolve(args[0], package if called == "import_module" else None)):
                 found.append(Reach(node.lineno, f"{called}({args[0]!r}{f', {package!r}' if package else ''})", None))
-    for node in ast.walk(tree):  # drivetrain._errors.DriverError on an imported drivetrain
+    for node in ast.walk(tree):  # drivetrain._common.errors.DriverError on an imported drivetrain
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in core_aliases \
                 and node.attr.startswith("_") and not node.attr.startswith("__"):
             found.append(Reach(node.lineno, f"{node.value.id}.{node.attr}", None))
@@ -148,14 +148,14 @@ def test_the_checker_finds_every_way_in() -> None:
         "import drivetrain",  # 1: fine
         "from drivetrain import Trainer, DriverError",  # 2: fine
         "from drivetrain.backend import move_nested",  # 3: fine
-        "from drivetrain._errors import DriverError, Nope",  # 4
-        "import drivetrain._sampler as s",  # 5
+        "from drivetrain._common.errors import DriverError, Nope",  # 4
+        "import drivetrain._data.sampler as s",  # 5
         "from drivetrain import _spawn",  # 6
         "from drivetrain.testing import _kit",  # 7
-        "x = drivetrain._distributed",  # 8
-        "importlib.import_module('drivetrain._checkpoint.safetensors_writer')",  # 9
+        "x = drivetrain._distributed.mixin",  # 8
+        "importlib.import_module('drivetrain._format.safetensors_writer')",  # 9
         "import_module('._param_matching', 'drivetrain')",  # 10
-        "__import__('drivetrain._errors')",  # 11
+        "__import__('drivetrain._common.errors')",  # 11
         "from .. import sibling",  # 12: climbs out of a package one level deep
         "from . import state",  # 13: fine
         "import drivetrain.backend as b; b.__doc__; drivetrain.__version__",  # 14: fine
@@ -168,7 +168,7 @@ def test_the_checker_finds_every_way_in() -> None:
     assert public_replacement("available_drivers") == "from drivetrain import available_drivers"
     assert public_replacement("Nope") is None
     message = describe(ROOT / "backends" / "x.py", reaches[0])
-    assert message == "backends/x.py:4: `from drivetrain._errors import DriverError` -> use " \
+    assert message == "backends/x.py:4: `from drivetrain._common.errors import DriverError` -> use " \
                       "`from drivetrain.backend import DriverError`", message
     assert "'Nope' is not public yet" in describe(ROOT / "backends" / "x.py", reaches[1])
     assert private_reaches("from .. import state", depth=2) == []  # pkg/sub/mod.py reaching pkg.state

@@ -21,7 +21,7 @@ from drivetrain import (
     hookimpl,
     seed_everything,
 )
-from drivetrain._plugins import get_registry, register_plugin
+from drivetrain.backend._plugins import get_registry, register_plugin
 from drivetrain.loggers import CSVLogger, JSONLinesLogger, Logger, logger_names
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
@@ -252,7 +252,7 @@ def test_drivetrains_messages_go_through_the_drivetrain_logger_at_the_chosen_lev
 
 def test_the_default_handler_writes_to_the_stderr_of_the_moment(monkeypatch) -> None:
     """A live progress bar swaps sys.stderr to draw messages above its bars: the handler follows the swap."""
-    from drivetrain._log import _CurrentStderr
+    from drivetrain._common.log import _CurrentStderr
 
     handler = _CurrentStderr()
     handler.setFormatter(logging.Formatter("drivetrain: %(message)s"))

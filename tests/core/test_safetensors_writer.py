@@ -12,8 +12,8 @@ import pytest
 import safetensors.numpy
 
 from drivetrain import Driver, DriverError
-from drivetrain._checkpoint import safetensors_writer as writer
-from drivetrain._checkpoint.folder import read_checkpoint, write_checkpoint
+from drivetrain._format import safetensors_writer as writer
+from drivetrain._format.folder import read_checkpoint, write_checkpoint
 
 NUMPY_DTYPES = (np.float64, np.float32, np.float16, np.int64, np.uint64, np.int32, np.uint32, np.int16, np.uint16,
                 np.int8, np.uint8, np.bool_, np.complex64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from drivetrain import ConfigurationError, ReproducibleBatchSampler
-from drivetrain._sampler import UnrepeatedBatchSampler
+from drivetrain._data.sampler import UnrepeatedBatchSampler
 
 
 def flat(batches):

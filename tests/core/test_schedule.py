@@ -18,7 +18,7 @@ from drivetrain import (
     WarmupSchedule,
     seed_everything,
 )
-from drivetrain._callbacks_lib.schedule import planned_optimizer_steps, schedule_factor
+from drivetrain._callbacks.schedule import planned_optimizer_steps, schedule_factor
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 from drivetrain_numpy.driver import NumpyDriver
 

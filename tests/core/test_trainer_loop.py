@@ -43,7 +43,7 @@ def test_classification_with_evaluation_reaches_high_accuracy(classification):
 
 
 def _recording_callback() -> Callback:
-    from drivetrain._events import EVENT_ARGS
+    from drivetrain._callbacks.events import EVENT_ARGS
 
     events: list[str] = []
     methods = {name: (lambda n: lambda self, trainer, *a: events.append(n))(name) for name in EVENT_ARGS
@@ -313,7 +313,7 @@ def test_save_and_load_model_round_trip(regression, tmp_path):
 
 
 def test_failed_save_keeps_previous_model_file(regression, tmp_path, monkeypatch):
-    from drivetrain._checkpoint import folder as folder_module
+    from drivetrain._format import folder as folder_module
 
     model, opt, loader = regression
     trainer = Trainer(model, loader, opt, driver="numpy", n_epochs=1, progress_bar=None)
@@ -350,7 +350,7 @@ def test_iterable_without_len_stops_on_n_batches(regression):
 
 def test_rank_zero_only_function_callbacks_are_skipped_on_other_ranks():
     from drivetrain import rank_zero_only
-    from drivetrain._callbacks import CallbackManager
+    from drivetrain._callbacks.base import CallbackManager
 
     calls = []
 

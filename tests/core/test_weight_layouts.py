@@ -27,7 +27,7 @@ from drivetrain import (
     hookimpl,
 )
 from drivetrain._cli import main
-from drivetrain._plugins import reset_registry
+from drivetrain.backend._plugins import reset_registry
 from drivetrain_numpy.driver import NumpyDriver
 
 from .conftest import drivetrain_numpy, make_regression

@@ -212,7 +212,7 @@ def _single_threaded() -> None:
 def clean_globals():
     """Undo what a page may leave in process-wide state: plugins registered in code, Trainer.on handlers."""
     from drivetrain import Trainer
-    from drivetrain._plugins import reset_registry
+    from drivetrain.backend._plugins import reset_registry
 
     saved = {marker: list(fns) for marker, fns in Trainer._registered_fns.items()}
     yield
@@ -345,7 +345,7 @@ def test_every_public_name_is_documented() -> None:
 
 
 def test_every_event_is_on_the_callbacks_page() -> None:
-    from drivetrain._events import EVENT_ARGS
+    from drivetrain._callbacks.events import EVENT_ARGS
 
     text = CALLBACKS_PAGE.read_text(encoding="utf-8")
     missing = [name for name in EVENT_ARGS if not re.search(rf"\b{name}\b", text)]

@@ -17,7 +17,7 @@ from drivetrain_jittor import import_jittor  # noqa: E402  (sets jittor's import
 
 jt = import_jittor()
 
-from drivetrain._plugins import create_driver  # noqa: E402
+from drivetrain.backend._plugins import create_driver  # noqa: E402
 
 
 def pytest_configure(config) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from drivetrain import DriverError, Trainer, available_drivers
-from drivetrain._plugins import create_driver, resolve_spec
+from drivetrain.backend._plugins import create_driver, resolve_spec
 from drivetrain_jittor.distributed import JittorMPIDriver
 from drivetrain_jittor.driver import JittorSingleDriver
 

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 flow = pytest.importorskip("oneflow")
 pytest.importorskip("drivetrain_oneflow")
 
-from drivetrain._plugins import create_driver  # noqa: E402
+from drivetrain.backend._plugins import create_driver  # noqa: E402
 
 
 def pytest_configure(config) -> None:

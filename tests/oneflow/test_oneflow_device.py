@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from drivetrain import Trainer
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
 
 from .conftest import flow
 

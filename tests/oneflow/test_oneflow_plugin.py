@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from drivetrain import available_drivers
-from drivetrain._plugins import resolve_spec
+from drivetrain.backend._plugins import resolve_spec
 from drivetrain_oneflow._compat import INSTALL, runtime_problem
 
 from .conftest import flow, tiny_net
@@ -71,7 +71,7 @@ def test_a_python_311_user_asking_for_oneflow_is_told_which_python_works() -> No
         "import sys\n"
         f"sys.path.insert(0, {BACKEND!r})\n"
         "from drivetrain import DriverError, DrivetrainError, Trainer, available_drivers\n"
-        "from drivetrain._plugins import register_plugin\n"
+        "from drivetrain.backend._plugins import register_plugin\n"
         "import drivetrain_oneflow.plugin as plugin\n"
         "if 'oneflow' not in available_drivers():  # found through the source tree's egg-info, or not\n"
         "    register_plugin(plugin, name='oneflow')\n"

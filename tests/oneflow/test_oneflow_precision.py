@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
 from drivetrain_oneflow.precision import LossScaler, Precision
 
 from .conftest import flow

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from drivetrain import Event, LRSchedulerCallback, Trainer, seed_everything
-from drivetrain._checkpoint.codec import join_state, split_state
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
+from drivetrain._format.codec import join_state, split_state
 
 from .conftest import flow, tiny_net
 

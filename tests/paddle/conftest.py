@@ -17,7 +17,7 @@ with warnings.catch_warnings():  # paddle warns at import when no ccache (a comp
     paddle = pytest.importorskip("paddle")
 pytest.importorskip("drivetrain_paddle")
 
-from drivetrain._plugins import create_driver  # noqa: E402
+from drivetrain.backend._plugins import create_driver  # noqa: E402
 
 
 def pytest_configure(config) -> None:

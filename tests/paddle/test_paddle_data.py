@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from drivetrain import Event, ReproducibleBatchSampler, Trainer, seed_everything
-from drivetrain._errors import DriverError
-from drivetrain._sampler import find_reproducible_sampler
+from drivetrain._common.errors import DriverError
+from drivetrain._data.sampler import find_reproducible_sampler
 
 from .conftest import TinyNet, paddle
 

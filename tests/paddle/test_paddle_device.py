@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from drivetrain import Trainer
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
 
 from .conftest import paddle
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from drivetrain import seed_everything
-from drivetrain._plugins import available_drivers, resolve_spec
+from drivetrain.backend._plugins import available_drivers, resolve_spec
 
 from .conftest import paddle
 
@@ -28,7 +28,7 @@ def _run(code: str) -> dict:
 def test_discovery_and_the_package_do_not_import_paddle() -> None:
     out = _run(
         "import json, sys\n"
-        "import drivetrain._plugins as p\n"
+        "import drivetrain.backend._plugins as p\n"
         "import drivetrain_paddle, drivetrain_paddle.plugin\n"
         "specs = p.available_drivers()\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r})\n"
@@ -41,7 +41,7 @@ def test_discovery_and_the_package_do_not_import_paddle() -> None:
 def test_choosing_the_driver_imports_paddle_lazily() -> None:
     out = _run(
         "import json, sys\n"
-        "from drivetrain._plugins import resolve_spec\n"
+        "from drivetrain.backend._plugins import resolve_spec\n"
         "spec = resolve_spec('paddle', None)\n"
         "before = 'paddle' in sys.modules\n"
         "import importlib; importlib.import_module(spec.factory.partition(':')[0])\n"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from drivetrain import CheckpointError, Event, LRSchedulerCallback, Trainer, seed_everything
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
 
 from .conftest import TinyNet, paddle
 
@@ -202,7 +202,7 @@ def _steps(driver, batches) -> None:
 
 def _through_checkpoint_codec(driver, value):
     """What a checkpoint does to a nested state: tensors to safetensors bytes, the rest to JSON."""
-    from drivetrain._checkpoint.codec import join_state, split_state
+    from drivetrain._format.codec import join_state, split_state
 
     skeleton, tensors = split_state(value, driver.is_tensor, "s")
     return join_state(json.loads(json.dumps(skeleton)), driver.tensors_from_bytes(driver.tensors_to_bytes(tensors)))

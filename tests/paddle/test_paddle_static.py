@@ -10,7 +10,7 @@ import pytest
 from paddle.static import InputSpec
 
 from drivetrain import Accuracy, Trainer
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
 from drivetrain_paddle import export_inference_model
 
 from .conftest import paddle, separable

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from drivetrain import Accuracy, Event, LRSchedulerCallback, Trainer, seed_everything
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
 
 from .conftest import TinyNet, paddle, separable
 

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
-from drivetrain._plugins import create_driver  # noqa: E402
+from drivetrain.backend._plugins import create_driver  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
 
 
 class Pair(NamedTuple):

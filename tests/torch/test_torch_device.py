@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
 
 
 @pytest.mark.parametrize("device", ["cpu", "CPU", " cpu ", torch.device("cpu"), None])
@@ -80,7 +80,7 @@ def test_bad_options_are_rejected(model, make_driver) -> None:
 
 
 def test_torch_kwargs_arrive_through_backend_kwargs(model) -> None:
-    from drivetrain._plugins import create_driver
+    from drivetrain.backend._plugins import create_driver
 
     other = {"paddle": {"whatever": 1}}  # another framework's options are not the torch driver's business
     d = create_driver("torch", model, "cpu", backend_kwargs={"torch": {"set_to_none": False}, **other})

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from drivetrain._plugins import available_drivers, resolve_spec
+from drivetrain.backend._plugins import available_drivers, resolve_spec
 
 FRAMEWORKS = ("torch", "paddle", "jittor", "oneflow")
 
@@ -23,7 +23,7 @@ def _run(code: str) -> dict:
 def test_discovery_does_not_import_torch() -> None:
     out = _run(
         "import json, sys\n"
-        "import drivetrain._plugins as p\n"
+        "import drivetrain.backend._plugins as p\n"
         "import drivetrain_torch, drivetrain_torch.plugin\n"
         "specs = p.available_drivers()\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r})\n"
@@ -36,7 +36,7 @@ def test_discovery_does_not_import_torch() -> None:
 def test_choosing_the_driver_imports_torch_lazily() -> None:
     out = _run(
         "import json, sys\n"
-        "from drivetrain._plugins import resolve_spec\n"
+        "from drivetrain.backend._plugins import resolve_spec\n"
         "spec = resolve_spec('torch', None)\n"
         "before = 'torch' in sys.modules\n"
         "import importlib; importlib.import_module(spec.factory.partition(':')[0])\n"

@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, TensorDataset, WeightedRandomSampler
 
-from drivetrain._errors import DriverError
-from drivetrain._sampler import ReproducibleBatchSampler, find_reproducible_sampler
+from drivetrain._common.errors import DriverError
+from drivetrain._data.sampler import ReproducibleBatchSampler, find_reproducible_sampler
 
 # ----------------------------------------------------------------------------- helpers
 

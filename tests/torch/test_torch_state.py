@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
 
 
 class TiedNet(torch.nn.Module):

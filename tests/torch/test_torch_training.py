@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from drivetrain._errors import BatchMismatchError, DriverError
+from drivetrain._common.errors import BatchMismatchError, DriverError
 
 
 def _train(driver, batches, epochs: int = 5) -> list[float]:

@@ -12,8 +12,8 @@ import safetensors.torch
 import torch
 
 from drivetrain import Trainer
-from drivetrain._checkpoint import safetensors_writer as writer
-from drivetrain._errors import DriverError
+from drivetrain._common.errors import DriverError
+from drivetrain._format import safetensors_writer as writer
 
 
 class Tied(torch.nn.Module):

@@ -1,13 +1,11 @@
-"""Checkpoints: the folder format (folder.py), nested-state encoding (codec.py), trainer state (training.py)."""
+"""What a checkpoint holds and how the Trainer's state goes in and out of one: whole and sharded saves, frozen
+bases, model export, LoRA merging and loading weights from any framework."""
 
-from .codec import StateEncodingError
-from .folder import (
-           CheckpointError,
-           list_checkpoints,
-           read_checkpoint,
-           remove_checkpoint,
-           resolve_resume_folder,
-)
+from .export import export_weights
+from .load_weights import load_weights
+from .trainer_io import load_model, load_trainer, save_model, save_trainer
+from .training import Position
 
-__all__ = ["CheckpointError", "StateEncodingError", "list_checkpoints", "read_checkpoint", "remove_checkpoint",
-           "resolve_resume_folder"]
+__all__ = [
+    "load_model", "load_trainer", "save_model", "save_trainer", "Position", "export_weights", "load_weights"
+]

@@ -15,27 +15,27 @@ import functools
 import json
 import mmap
 import os
-import struct
 from typing import Any
 
 import numpy as np
 
-from .._convert.record import CLASSES_KEY, LAYOUT_KEY
-from .._io import atomic_write
-from . import safetensors_writer
-from .folder import (
+from .._common import atomic_write
+from .._convert import CLASSES_KEY, LAYOUT_KEY
+from .._format import (
     FROZEN_KEY,
     MANIFEST,
+    MODEL_PREFIX,
     CheckpointError,
+    ShardRead,
     is_sharded,
     list_checkpoints,
     read_checkpoint,
+    read_entries,
     read_manifest,
+    safetensors_writer,
     verified_file,
 )
 from .merge_lora import merged_entries
-from .safetensors_reader import read_entries
-from .shard_layout import MODEL_PREFIX, ShardRead
 from .sharded import parse_layout
 from .training import MODEL_FILE
 

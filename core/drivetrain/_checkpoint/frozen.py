@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .._driver import Driver
-from .folder import FROZEN_KEY, CheckpointError
+from .._format import CheckpointError
+from ..backend import Driver
 
 _MOD = 1 << 64  # the checksums' arithmetic: numpy's uint64, wrapping
 _BLOCK = 1 << 22  # elements summed at once: bounds the temporary memory of a checksum

@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import safetensors_writer
-from .folder import CheckpointError, verified_file
+from .._format import CheckpointError, safetensors_writer, verified_file
 from .frozen import box_checksum
 
 ADAPTER_CONFIG = "adapter_config.json"

@@ -28,31 +28,30 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .._driver import Driver
-from .._errors import DriverError
-from .codec import StateEncodingError, join_state, split_state
-from .folder import (
+from .._common import DriverError
+from .._format import (
     FROZEN_KEY,
+    LAYOUT_FILE,
+    MODEL_PREFIX,
     CheckpointError,
     FileContent,
     LoadedCheckpoint,
+    ShardPiece,
+    ShardSource,
+    StateEncodingError,
+    StateShards,
+    cannot_read_shards,
     finish_checkpoint,
-    is_sharded,
+    join_state,
+    layout_chunks,
     shard_files,
+    split_state,
     temp_name,
     verified_file,
 )
-from .folder import write_files as _write_files
+from .._format import write_files as _write_files
+from ..backend import Driver
 from .frozen import cached_sums, check_frozen, combine, frozen_names
-from .shard_layout import (
-    LAYOUT_FILE,
-    MODEL_PREFIX,
-    ShardPiece,
-    ShardSource,
-    StateShards,
-    cannot_read_shards,
-    layout_chunks,
-)
 
 
 def load_shards(driver: Driver, source: ShardSource, *, optimizers: bool, frozen: Mapping[str, Any] | None = None

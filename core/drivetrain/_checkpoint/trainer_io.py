@@ -12,14 +12,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from .._convert.engine import NameMap, check_name_map
-from .._convert.load import load_converted
-from .._convert.record import format_name
-from .._convert.source import check_source_driver, written_by
-from .._driver import Driver
-from .._loop_plan import ResumedFrom
-from .._stateful_data import loader_position
-from .folder import (
+from .._convert import NameMap, check_name_map, check_source_driver, format_name, load_converted, written_by
+from .._data import ResumedFrom, loader_position
+from .._format import (
     FROZEN_KEY,
     CheckpointError,
     is_sharded,
@@ -29,6 +24,7 @@ from .folder import (
     verified_file,
     write_checkpoint,
 )
+from ..backend import Driver
 from .sharded import load_shards, open_shards, whole_file_source, write_sharded_checkpoint
 from .training import (
     MODEL_FILE,

@@ -21,13 +21,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._convert.record import format_name, layout_record
-from .._driver import Driver
-from .._errors import DrivetrainError
-from .._seed import capture_host_rng, restore_host_rng
-from .._version import __version__
-from .codec import StateEncodingError, join_state, split_state
-from .folder import FROZEN_KEY, CheckpointError, FileContent, LoadedCheckpoint
+from .._common import DrivetrainError, __version__
+from .._convert import format_name, layout_record
+from .._format import (
+    FROZEN_KEY,
+    CheckpointError,
+    FileContent,
+    LoadedCheckpoint,
+    StateEncodingError,
+    join_state,
+    split_state,
+)
+from ..backend import Driver, capture_host_rng, restore_host_rng
 from .frozen import complete_with_frozen, split_frozen
 
 MODEL_FILE = "model.safetensors"

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .._checkpoint.folder import CheckpointError
-from .._checkpoint.safetensors_writer import ITEM_SIZES
-from .._errors import ConfigurationError
-from .layout import NEUTRAL_COMPANIONS, TensorRule, WeightLayout
+from .._common import ConfigurationError
+from .._format import ITEM_SIZES, CheckpointError
+from ..backend import NEUTRAL_COMPANIONS, TensorRule, WeightLayout
 
 NameMap = Mapping[str, str] | Callable[[str], str] | None
 Classes = Callable[[str], tuple[str, ...] | None]

@@ -11,15 +11,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .._checkpoint import safetensors_writer
-from .._checkpoint.folder import CheckpointError, write_checkpoint
-from .._driver import Driver
-from .._errors import ConfigurationError
-from .._plugins import driver_not_found, get_registry
-from .._suggest import close_matches
-from .._version import __version__
+from .._common import ConfigurationError, __version__, close_matches
+from .._format import CheckpointError, safetensors_writer, write_checkpoint
+from ..backend import NEUTRAL, Driver, WeightLayout, driver_not_found, get_registry
 from .engine import NameMap, Tensor, check_name_map, companions, from_neutral, rename, split_name, to_neutral
-from .layout import NEUTRAL, WeightLayout
 from .record import CLASSES_KEY, LAYOUT_KEY, declared_layout, format_name
 from .source import MODEL_FILE, SourceWeights, open_source
 

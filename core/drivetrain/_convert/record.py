@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._driver import Driver
-from .._plugins import get_registry
+from ..backend import NEUTRAL, Driver, WeightLayout, decode_classes, get_registry
 from .engine import split_name
-from .layout import NEUTRAL, WeightLayout, decode_classes
 
 LAYOUT_KEY = "weight_layout"
 CLASSES_KEY = "module_classes"

@@ -14,12 +14,10 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._checkpoint.folder import FROZEN_KEY, CheckpointError, is_sharded, read_manifest, verified_file
-from .._checkpoint.safetensors_reader import read_entries
-from .._errors import ConfigurationError
-from .._plugins import install_hint
+from .._common import ConfigurationError
+from .._format import FROZEN_KEY, CheckpointError, is_sharded, read_entries, read_manifest, verified_file
+from ..backend import WeightLayout, install_hint
 from .engine import Tensor
-from .layout import WeightLayout
 from .record import CLASSES_KEY, LAYOUT_KEY, declared_layout, recorded_classes
 
 MODEL_FILE = "model.safetensors"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigurationError, DrivetrainError
+from .._common import ConfigurationError, DrivetrainError
 
 AGGREGATES = ("sum", "max", "min")
 

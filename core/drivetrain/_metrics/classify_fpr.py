@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigurationError
+from .._common import ConfigurationError
 from .base import Metric, MetricInputError, prepare_labels
 
 F_TYPES = ("micro", "macro")

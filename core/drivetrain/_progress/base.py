@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from .._callbacks import Callback
-from .._errors import ConfigurationError, EarlyStopException
-from .._loop_plan import epoch_of_last_step
-from .._param_matching import loss_of
+from .._common import ConfigurationError, EarlyStopException
+from .._data import epoch_of_last_step
+from .._mapping import loss_of
 
 
 class ProgressCallback(Callback):
@@ -47,6 +47,8 @@ class ProgressCallback(Callback):
         self._in_epoch = False
 
     # ---------------------------------------------------------------- hot path
+    changes_loss = False  # on_before_backward only keeps a reference to the loss
+
     def on_before_backward(self, trainer: Any, outputs: Any) -> None:
         self._loss = loss_of(outputs)
 

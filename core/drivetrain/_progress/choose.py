@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from .._callbacks import Callback
-from .._errors import ConfigurationError
+from .._common import ConfigurationError
 
 ACCEPTED = ("auto", "rich", "raw", "tqdm", "none")
 

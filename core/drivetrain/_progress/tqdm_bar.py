@@ -6,7 +6,7 @@ import importlib
 import sys
 from typing import IO, Any
 
-from .._errors import ConfigurationError
+from .._common import ConfigurationError
 from .base import ProgressCallback, epoch_number, format_results, format_value, of_total, total_epochs
 
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .._io import atomic_write
+from .._common import atomic_write
 from .logger import Logger
 
 HPARAMS_FILE = "hparams.json"

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .._errors import ConfigurationError
+from .._common import ConfigurationError
 
 _NOT_IN_TAGS = re.compile(r"[^-/\w\.]")  # what TensorBoard does not allow in a tag (VisualDL: '%'), written as '_'
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from .._errors import ConfigurationError
+from .._common import ConfigurationError
 from .files import write_json
 from .logger import Logger, require_modules
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .._errors import ConfigurationError
+from .._common import ConfigurationError
 from .files import read_csv_rows, read_jsonl_rows
 
 DEFAULT_NAME = "curves.png"

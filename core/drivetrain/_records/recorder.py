@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from .._callbacks import Callback
-from .._errors import EarlyStopException, TrainingTerminated
-from .._log import logger as log
-from .._loop_plan import epoch_of_last_step
-from .._param_matching import loss_of
+from .._common import EarlyStopException, TrainingTerminated
+from .._common import logger as log
+from .._data import epoch_of_last_step
+from .._mapping import loss_of
 from .logger import Logger
 
 DEFAULT_EVERY = 50
@@ -156,6 +156,8 @@ class RunRecorder(HistoryRecorder):
             if tokens is not None:
                 self._tokens.append(tokens)
 
+    changes_loss = False  # on_before_backward only collects the loss
+
     def on_before_backward(self, trainer: Any, outputs: Any) -> None:
         self._losses.append(loss_of(outputs))
 
@@ -256,7 +258,7 @@ def _learning_rates(driver: Any) -> dict[str, float]:
 
 
 def _driver_facts(trainer: Any) -> dict[str, Any]:
-    from .._version import __version__
+    from .._common import __version__
 
     driver = trainer.driver
     return {"driver": driver.describe(), "world_size": driver.world_size, "precision": driver.precision,

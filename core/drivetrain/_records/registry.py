@@ -11,8 +11,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from .._errors import ConfigurationError
-from .._suggest import did_you_mean
+from .._common import ConfigurationError, did_you_mean
 from .logger import Logger
 
 BUILT_IN = {
@@ -31,7 +30,7 @@ def logger_names() -> dict[str, str]:
     Returns:
         ``{name: "module:Class"}``.
     """
-    from .._plugins import get_registry
+    from ..backend import get_registry
 
     names = dict(BUILT_IN)
     hook = get_registry().manager.hook.drivetrain_loggers

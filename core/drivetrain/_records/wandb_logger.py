@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .._errors import ConfigurationError
+from .._common import ConfigurationError
 from .files import write_json
 from .logger import Logger, require_modules
 

@@ -24,7 +24,12 @@ from ._kit import (
     linear_classifier,
     torch_style_kit,
 )
-from ._suite import CheckResult, ContractSuite, run_contract_checks
+from ._suite import (
+    CheckResult,
+    ContractSuite,
+    checked_waivers,  # noqa: F401
+    run_contract_checks,
+)
 
 __all__ = [
     "CHECKS",

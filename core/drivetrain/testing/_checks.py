@@ -31,8 +31,8 @@ from .. import (
     Trainer,
     available_drivers,
 )
-from .._checkpoint.shard_layout import MODEL_PREFIX, ShardSource
-from .._plugins import create_driver, resolve_spec
+from .._format import MODEL_PREFIX, ShardSource
+from ..backend import create_driver, resolve_spec
 from ._kit import CLASSES, BackendKit
 
 

@@ -162,8 +162,8 @@ def torch_style_kit(driver: str, framework: Any, to_tensor: Callable[[np.ndarray
 
 def kit_for(backend: str) -> BackendKit:
     """The kit the installed backend ``backend`` declares in its DriverSpec (``testing_kit=``)."""
-    from .._errors import DriverNotFoundError
-    from .._plugins import available_drivers
+    from .._common import DriverNotFoundError
+    from ..backend import available_drivers
 
     specs = available_drivers()
     if backend not in specs:

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from drivetrain import Trainer, predict
-from drivetrain._errors import DriverError
-from drivetrain._plugins import create_driver
+from drivetrain._common.errors import DriverError
+from drivetrain.backend._plugins import create_driver
 
 from ..._dist_helpers import listeners, session_pids, wait_for_file
 from ..conftest import flow

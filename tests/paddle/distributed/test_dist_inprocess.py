@@ -14,8 +14,8 @@ import paddle
 import pytest
 
 from drivetrain import DriverError, Trainer
-from drivetrain._plugins import available_drivers, create_driver
-from drivetrain._sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler
+from drivetrain._data.sampler import ReproducibleBatchSampler, UnrepeatedBatchSampler
+from drivetrain.backend._plugins import available_drivers, create_driver
 from drivetrain_paddle._dataloader import describe_sampling, reproducible_dataloader, unrepeated_dataloader
 from drivetrain_paddle._launch import paddle_relaunch_command
 from drivetrain_paddle.distributed import PaddleDataParallelDriver

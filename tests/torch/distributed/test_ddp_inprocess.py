@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, WeightedRandomSampler
 
 from drivetrain import Accuracy, DriverError, Trainer
-from drivetrain._plugins import create_driver
-from drivetrain._sampler import ReproducibleBatchSampler, find_reproducible_sampler
+from drivetrain._data.sampler import ReproducibleBatchSampler, find_reproducible_sampler
+from drivetrain.backend._plugins import create_driver
 from drivetrain_torch._dataloader import reproducible_dataloader, unrepeated_dataloader
 from drivetrain_torch._launch import torch_relaunch_command as relaunch_command
 from drivetrain_torch.distributed import DistributedError, TorchDDPDriver

@@ -377,7 +377,7 @@ def test_a_bad_option_names_the_argument_and_the_fix(options, words) -> None:
 
 def test_the_driver_is_registered_with_its_install_command() -> None:
     """Where deepspeed is missing, choosing the driver says what to install (the core's message for the spec)."""
-    from drivetrain._plugins import available_drivers
+    from drivetrain.backend._plugins import available_drivers
 
     spec = available_drivers()["deepspeed"]
     assert spec.framework == "deepspeed" and spec.factory == "drivetrain_deepspeed.factory:create_driver"

@@ -40,7 +40,7 @@ def test_without_the_package_driver_deepspeed_names_the_package_to_install() -> 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("drivetrain._errors.DriverNotFoundError: driver='deepspeed' is not installed"), last
+    assert last.startswith("drivetrain._common.errors.DriverNotFoundError: driver='deepspeed' is not installed"), last
     assert "pip install -c constraints.txt -e . -e backends/torch -e backends/deepspeed" in last
     assert 'pip install "drivetrain[deepspeed]"' in last
 
