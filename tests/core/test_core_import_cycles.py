@@ -5,7 +5,7 @@ hides which module is the base of which. Where two modules need each other's nam
 shared part moves into a third (``_format/shard_layout.py`` for the shard data the
 Driver names and the checkpoint code uses), a facade re-exports instead of being imported
 (``drivetrain.backend``), or the dependent side names what it needs as a Protocol
-(``_checkpoint/trainer_io.Trainer``). Read with :mod:`ast`; nothing is imported.
+(``backend/_model_step.Driver``). Read with :mod:`ast`; nothing is imported.
 """
 
 from __future__ import annotations

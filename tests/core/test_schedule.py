@@ -18,7 +18,8 @@ from drivetrain import (
     WarmupSchedule,
     seed_everything,
 )
-from drivetrain._callbacks.schedule import planned_optimizer_steps, schedule_factor
+from drivetrain._callbacks.schedule import schedule_factor
+from drivetrain._data import AccumulationCycle
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 from drivetrain_numpy.driver import NumpyDriver
 
@@ -136,10 +137,18 @@ def test_the_rate_changes_only_when_the_optimizer_steps():
 
 
 def test_planned_optimizer_steps():
-    assert planned_optimizer_steps(None, 13, 1) is None
-    assert planned_optimizer_steps(39, 13, 3) == 15
-    assert planned_optimizer_steps(10, None, 3) == 4  # no epoch length: cycles of 3 throughout
-    assert planned_optimizer_steps(0, 13, 1) == 0
+    assert AccumulationCycle(1).optimizer_steps(None, 13) is None
+    assert AccumulationCycle(3).optimizer_steps(39, 13) == 15
+    assert AccumulationCycle(3).optimizer_steps(10, None) == 4  # no epoch length: cycles of 3 throughout
+    assert AccumulationCycle(1).optimizer_steps(0, 13) == 0
+
+
+def test_the_accumulation_cycle_closes_every_kth_batch_and_each_epochs_last():
+    cycle = AccumulationCycle(3)
+    assert [cycle.closes(i, 8) for i in range(8)] == [False, False, True, False, False, True, False, True]
+    assert [cycle.size(i, 8) for i in range(8)] == [3, 3, 3, 3, 3, 3, 2, 2]
+    assert [cycle.closes(i, None) for i in range(4)] == [False, False, True, False]  # no length: every 3rd
+    assert all(AccumulationCycle(1).closes(i, 5) and AccumulationCycle(1).size(i, 5) == 1 for i in range(5))
 
 
 def test_every_optimizer_and_its_own_base_rate():

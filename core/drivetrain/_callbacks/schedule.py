@@ -15,6 +15,7 @@ import warnings
 from typing import Any
 
 from .._common import ConfigurationError, close_matches
+from .._data import AccumulationCycle
 from .base import Callback
 from .lr_scheduler import LRSchedulerCallback
 
@@ -49,22 +50,6 @@ def schedule_factor(kind: str, step: int, warmup_steps: int, total_steps: int | 
     progress = 1.0 if decay_steps <= 0 else min(1.0, (step - warmup_steps) / decay_steps)
     shape = 1.0 - progress if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_lr_ratio + (1.0 - min_lr_ratio) * shape
-
-
-def planned_optimizer_steps(n_batches: int | None, batches_per_epoch: int | None, accumulation_steps: int) -> int | None:
-    """How many times the Trainer steps the optimizers for ``n_batches`` batches, or None if unknown.
-
-    Each epoch closes its last accumulation cycle, short or not, so an epoch of ``b``
-    batches takes ``ceil(b / accumulation_steps)`` steps. Without an epoch length the
-    count assumes no epoch ends inside a cycle.
-    """
-    if n_batches is None:
-        return None
-    k = accumulation_steps
-    if not batches_per_epoch:
-        return -(-n_batches // k)
-    full, rest = divmod(n_batches, batches_per_epoch)
-    return full * -(-batches_per_epoch // k) + -(-rest // k)
 
 
 def _is_real(value: Any) -> bool:
@@ -213,8 +198,8 @@ class WarmupSchedule(Callback):
     def on_train_begin(self, trainer: Any) -> None:
         total = self.total_steps
         if total is None and self._needs_total():
-            total = planned_optimizer_steps(trainer.n_batches, trainer.num_batches_per_epoch,
-                                            trainer.accumulation_steps)
+            total = AccumulationCycle(trainer.accumulation_steps).optimizer_steps(
+                trainer.n_batches, trainer.num_batches_per_epoch)
             if total is None:
                 raise ConfigurationError(
                     f"{_OWNER}(kind={self.kind!r}): the number of optimizer steps of this run is unknown (the "

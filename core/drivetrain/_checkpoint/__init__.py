@@ -3,9 +3,9 @@ bases, model export, LoRA merging and loading weights from any framework."""
 
 from .export import export_weights
 from .load_weights import load_weights
-from .trainer_io import load_model, load_trainer, save_model, save_trainer
-from .training import Position
+from .trainer_io import LoadedTrainer, TrainerState, load_trainer, load_weights_into, save_model, save_trainer
 
 __all__ = [
-    "load_model", "load_trainer", "save_model", "save_trainer", "Position", "export_weights", "load_weights"
+    "LoadedTrainer", "TrainerState", "export_weights", "load_trainer", "load_weights", "load_weights_into",
+    "save_model", "save_trainer"
 ]

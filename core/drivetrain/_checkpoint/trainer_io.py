@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from .._convert import NameMap, check_name_map, check_source_driver, format_name, load_converted, written_by
-from .._data import ResumedFrom, loader_position
+from .._data import Position, ResumedFrom, loader_position
 from .._format import (
     FROZEN_KEY,
     CheckpointError,
@@ -28,7 +29,6 @@ from ..backend import Driver
 from .sharded import load_shards, open_shards, whole_file_source, write_sharded_checkpoint
 from .training import (
     MODEL_FILE,
-    Position,
     build_checkpoint,
     build_merged_checkpoint,
     build_model_checkpoint,
@@ -40,45 +40,37 @@ from .training import (
 )
 
 
-class Trainer(Protocol):
-    """What saving and loading read and set on a :class:`drivetrain.Trainer`, named here so that this module does
-    not depend on the Trainer's module, which calls it."""
+@dataclass(frozen=True)
+class TrainerState:
+    """What a resumable checkpoint holds of a Trainer beside its driver's state; the Trainer gathers it.
 
-    driver: Driver
+    ``callbacks``: each callback's state (``CallbackManager.states``), taken after ``on_save_checkpoint``;
+    ``sampler``: the reproducible sampler whose state is saved (None: the dataloader has none, and
+    ``dataloader``'s own position is saved if it reports one); ``settings``: what the manifest records about
+    the run beside its position (``at_batch_boundary``, ``after_exception``, ``ended``, the loop's lengths).
+    """
+
+    position: Position
+    callbacks: Mapping[str, Any]
+    sampler: Any
     dataloader: Any
-    callback_manager: Any
-    accumulation_steps: int
-    n_epochs: int | None
-    n_batches: int | None
-    _sampler: Any
-    _mid_batch: bool
-    _failed_by: BaseException | None
-    _ended: str | None
-    _resumed: ResumedFrom | None
-    _resume_loader_states: list[Any] | None
-
-    def fire(self, name: str, *args: Any) -> None: ...
-
-    def _position(self) -> Position: ...
-
-    def _resume_at(self, position: Mapping[str, Any]) -> None: ...
+    settings: Mapping[str, Any]
 
 
-def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool, save_frozen: bool = False) -> str:
-    """Write a resumable checkpoint of ``trainer`` as ``folder``; every rank calls it, rank 0 writes."""
-    driver = trainer.driver
+def save_trainer(driver: Driver, folder: str | os.PathLike, state: TrainerState, allow_pickle: bool,
+                 save_frozen: bool = False) -> str:
+    """Write a resumable checkpoint as ``folder``; every rank calls it, rank 0 writes (each rank its shards)."""
     path = os.path.abspath(os.fspath(folder))
-    trainer.fire("on_save_checkpoint")
-    callback_states = trainer.callback_manager.states(trainer)
-    mine = dict(process_state(driver), loader=loader_position(trainer.dataloader) if trainer._sampler is None else None)
+    sampler = state.sampler
+    mine = dict(process_state(driver), loader=loader_position(state.dataloader) if sampler is None else None)
     processes = driver.all_gather_object(mine) if driver.is_distributed() else [mine]
-    sampler = trainer._sampler
+    extra = dict(state.settings, world_size=driver.world_size)
 
     def files(sharded: bool = False) -> tuple[dict, dict[str, Any]]:
         return build_checkpoint(
-            driver, trainer._position(), callback_states=callback_states,
+            driver, state.position, callback_states=state.callbacks,
             sampler_state=None if sampler is None else sampler.state_dict(),
-            process_states=processes, allow_pickle=allow_pickle, extra=_loop_settings(trainer), sharded=sharded,
+            process_states=processes, allow_pickle=allow_pickle, extra=extra, sharded=sharded,
             save_frozen=save_frozen,
         )
 
@@ -92,22 +84,45 @@ def save_trainer(trainer: Trainer, folder: str | os.PathLike, allow_pickle: bool
     return path
 
 
-def _loop_settings(trainer: Trainer) -> dict[str, Any]:
-    """What the manifest records about the run beside its position (for people reading it)."""
-    failed = trainer._failed_by
-    return {"at_batch_boundary": not trainer._mid_batch,
-            "after_exception": None if failed is None else type(failed).__name__, "ended": trainer._ended,
-            "n_epochs": trainer.n_epochs, "n_batches": trainer.n_batches,
-            "accumulation_steps": trainer.accumulation_steps, "world_size": trainer.driver.world_size}
+@dataclass
+class LoadedTrainer:
+    """A checkpoint read, verified and applied to the driver; what the Trainer applies to itself.
+
+    Attributes:
+        callback_states: the callbacks' states as saved (what ``on_load_checkpoint`` receives).
+        resume: the rest, when resuming training (None for ``resume_training=False``): the position, the
+            checkpoint's summary, the sampler's state, the callbacks' states with any pickled ones, and each
+            rank's saved loader position.
+    """
+
+    callback_states: dict[str, Any]
+    resume: ResumeState | None = None
 
 
-def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: bool, allow_pickle: bool) -> None:
-    """Read, verify and parse the checkpoint ``folder`` completely, then apply it to ``trainer``.
+@dataclass
+class ResumeState:
+    """Where and how a resumed run continues (see :class:`LoadedTrainer`)."""
+
+    position: Position
+    resumed: ResumedFrom
+    sampler_state: Any
+    callback_states: dict[str, Any]
+    loader_states: list[Any]
+    _state: dict[str, Any]
+
+    def restore_processes(self, driver: Driver) -> None:
+        """Put this rank's random generators and unsynchronised gradients back; the last thing a resume does,
+        so nothing done while loading shifts the restored generators."""
+        restore_process_state(driver, self._state)
+
+
+def load_trainer(driver: Driver, folder: str | os.PathLike, resume_training: bool,
+                 allow_pickle: bool) -> LoadedTrainer:
+    """Read, verify and parse the checkpoint ``folder`` completely, then apply the driver's part.
 
     Nothing is applied before everything has been checked, so a damaged or mismatched
-    checkpoint leaves the trainer as it was.
+    checkpoint leaves the driver (and the trainer) as it was.
     """
-    driver = trainer.driver
     loaded = read_checkpoint(os.fspath(folder), skip_shards=True)
     decoded = decode_checkpoint(loaded, driver, allow_pickle)
     state = decoded.state
@@ -130,19 +145,15 @@ def load_trainer(trainer: Trainer, folder: str | os.PathLike, resume_training: b
         driver.load_model_state(decoded.model)
         driver.load_optimizer_states(state["optimizers"])
     if not resume_training:
-        trainer.fire("on_load_checkpoint", state["callbacks"])
-        return
+        return LoadedTrainer(state["callbacks"])
     if not resumes_exactly(loaded.manifest):
         _warn_salvage(loaded.folder, loaded.manifest["trainer"])
     driver.load_precision_state(state["precision"])
-    trainer.callback_manager.load_states(trainer, {**state["callbacks"], **decoded.pickled})
-    trainer._resume_at(state["position"])
-    trainer._resumed = ResumedFrom.from_manifest(loaded.folder, loaded.manifest.get("trainer", {}))
-    if trainer._sampler is not None and state["sampler"] is not None:
-        trainer._sampler.load_state_dict(state["sampler"])
-    trainer.fire("on_load_checkpoint", state["callbacks"])
-    trainer._resume_loader_states = [process.get("loader") for process in state["processes"]]
-    restore_process_state(driver, state)  # last, so nothing done while loading shifts the restored RNGs
+    return LoadedTrainer(state["callbacks"], ResumeState(
+        Position.from_state(state["position"]),
+        ResumedFrom.from_manifest(loaded.folder, loaded.manifest.get("trainer", {})),
+        state["sampler"], {**state["callbacks"], **decoded.pickled},
+        [process.get("loader") for process in state["processes"]], state))
 
 
 def _warn_salvage(folder: str, settings: dict[str, Any]) -> None:
@@ -173,28 +184,28 @@ def _verified_model_file(driver: Any, path: str) -> str:
     return os.path.join(folder, MODEL_FILE)
 
 
-def save_model(trainer: Trainer, folder: str | os.PathLike, save_frozen: bool = False,
-               merge_adapters: bool = False) -> str:
-    """Write the model's weights as the folder ``folder``; returns the weights file's path."""
+def save_model(driver: Driver, folder: str | os.PathLike, save_frozen: bool = False, merge_adapters: bool = False,
+               saved: Callable[[], None] | None = None) -> str:
+    """Write the model's weights as the folder ``folder``; returns the weights file's path (the folder for a
+    sharded save). ``saved`` runs on every rank once the files are written (the Trainer's ``on_save_model``)."""
     path = os.path.abspath(os.fspath(folder))
-    driver = trainer.driver
+    saved = saved or (lambda: None)
     if merge_adapters:
-        return _save_merged(trainer, path)
+        return _save_merged(driver, path, saved)
     if driver.shards_state:
         write_sharded_checkpoint(driver, path, lambda: build_model_checkpoint(driver, sharded=True),
                                  optimizers=False, save_frozen=save_frozen)
-        trainer.fire("on_save_model")
+        saved()
         return path
     with driver.gathering_state():
         if driver.is_global_zero:
             write_checkpoint(path, *build_model_checkpoint(driver, save_frozen=save_frozen))
-    trainer.fire("on_save_model")
+    saved()
     driver.barrier()
     return os.path.join(path, MODEL_FILE)
 
 
-def _save_merged(trainer: Trainer, path: str) -> str:
-    driver = trainer.driver
+def _save_merged(driver: Driver, path: str, saved: Callable[[], None]) -> str:
     if driver.shards_state:
         raise CheckpointError(
             f"save_model(merge_adapters=True) folds the adapter into the whole base model in one process; driver "
@@ -203,22 +214,16 @@ def _save_merged(trainer: Trainer, path: str) -> str:
     with driver.gathering_state():
         if driver.is_global_zero:
             write_checkpoint(path, *build_merged_checkpoint(driver))
-    trainer.fire("on_save_model")
+    saved()
     driver.barrier()
     return os.path.join(path, MODEL_FILE)
 
 
-def load_model(trainer: Trainer, folder: str | os.PathLike, name_map: NameMap = None,
-               source_driver: str | None = None) -> None:
-    """Load weights from a folder (checksums verified first) or from a bare ``.safetensors`` file, written by
-    this framework's driver or (through the layout rules, :mod:`drivetrain._convert`) another's."""
-    load_weights_into(trainer.driver, folder, name_map, source_driver)
-    trainer.fire("on_load_model")
-
-
 def load_weights_into(driver: Driver, folder: str | os.PathLike, name_map: NameMap = None,
                       source_driver: str | None = None) -> None:
-    """:func:`load_model` for a driver without a trainer (``drivetrain.load_weights``)."""
+    """Load weights from a folder (checksums verified first) or from a bare ``.safetensors`` file, written by
+    this framework's driver or (through the layout rules of :mod:`drivetrain._convert`) another's: what
+    ``Trainer.load_model`` and ``drivetrain.load_weights`` do."""
     path = os.fspath(folder)
     check_name_map(name_map)
     writer = written_by(path) if os.path.exists(path) else None

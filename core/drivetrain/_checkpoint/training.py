@@ -23,6 +23,7 @@ from typing import Any
 
 from .._common import DrivetrainError, __version__
 from .._convert import format_name, layout_record
+from .._data import Position
 from .._format import (
     FROZEN_KEY,
     CheckpointError,
@@ -39,16 +40,6 @@ MODEL_FILE = "model.safetensors"
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
 PICKLE_FILE = "unsafe_pickled_state.pkl"
-
-
-@dataclass
-class Position:
-    """Where the loop stands: ``batches_done`` batches of epoch ``epoch`` are behind it."""
-
-    epoch: int
-    batches_done: int
-    global_forward_batches: int
-    consumed_samples: int | None
 
 
 def process_state(driver: Driver) -> dict[str, Any]:

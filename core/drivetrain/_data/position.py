@@ -17,9 +17,29 @@ and every later epoch whole.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from .._common import logger
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where the loop stands, as a checkpoint stores it: ``batches_done`` batches of epoch ``epoch`` are behind
+    it, ``global_forward_batches`` steps in all; ``consumed_samples`` of the epoch (None without a reproducible
+    sampler) is what a resume at another world size re-derives its batch from."""
+
+    epoch: int
+    batches_done: int
+    global_forward_batches: int
+    consumed_samples: int | None
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Position:
+        """The position a checkpoint's ``training_state.json`` holds."""
+        consumed = state.get("consumed_samples")
+        return cls(int(state["epoch"]), int(state["batches_done"]), int(state["global_forward_batches"]),
+                   None if consumed is None else int(consumed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +49,11 @@ class LoopLength:
 
     n_epochs: int | None
     n_batches: int | None
+
+    def reached_by(self, position: Position) -> bool:
+        """Whether a run at ``position`` has nothing left to train."""
+        epochs_done = self.n_epochs is not None and position.epoch >= self.n_epochs
+        return epochs_done or (self.n_batches is not None and position.global_forward_batches >= self.n_batches)
 
 
 def plan_length(*, requested_epochs: int, requested_batches: int, per_epoch: int | None, epoch: int = 0,
@@ -70,9 +95,14 @@ class ResumedFrom:
             return f"epoch {self.epoch + 1} after {self.batches_done} of its batches (step {self.steps})"
         return f"the end of epoch {self.epoch} (step {self.steps})"
 
-    def has_work(self, trainer: Any, *, latest: bool) -> bool:
-        """Whether ``trainer`` (planned from this checkpoint) trains anything; says in one line when it does
-        not, and when it trains on after a run that had ended."""
+    def has_work(self, length: LoopLength, start: Position, *, by_steps: bool, per_epoch: int | None,
+                 latest: bool) -> bool:
+        """Whether a run planned from this checkpoint to ``length`` trains anything; says in one line when it
+        does not, and when it trains on after a run that had ended.
+
+        ``start``: the run's position, its ``batches_done`` in this run's layout; ``by_steps``: the user gave
+        ``n_batches`` (else ``n_epochs``); ``per_epoch``: batches per epoch in this layout (None: unknown).
+        """
         source = f"resume_from='latest' ({self.folder})" if latest else f"resume_from={self.folder!r}"
         if self.ended == "early_stopped" and latest:
             logger.warning(
@@ -80,12 +110,10 @@ class ResumedFrom:
                 "checkpoint or run record written. To train on from it anyway pass resume_from=%r.",
                 source, self.where(), self.folder)
             return False
-        by_steps = trainer._requested_n_batches != -1
-        if _reached_end(trainer):
-            asked = f"n_batches={trainer.n_batches}" if by_steps else f"n_epochs={trainer.n_epochs}"
+        if length.reached_by(start):
+            asked = f"n_batches={length.n_batches}" if by_steps else f"n_epochs={length.n_epochs}"
             # an epoch whose batches are all done still counts as open (its end was not reached): one more
-            open_epoch = trainer.num_batches_per_epoch is None or trainer._resume_start_batch() < \
-                trainer.num_batches_per_epoch
+            open_epoch = per_epoch is None or start.batches_done < per_epoch
             more = f"n_batches={self.steps + 1}" if by_steps else f"n_epochs={self.epoch + (1 if open_epoch else 2)}"
             logger.warning("%s: the checkpoint holds %s and %s asks for no more: nothing to train, no checkpoint "
                            "or run record written. Pass %s or more to train on.", source, self.where(), asked, more)
@@ -93,13 +121,8 @@ class ResumedFrom:
         if self.ended is not None:
             how = "finished" if self.ended == "finished" else "stopped early"
             logger.info("%s: continuing a run that %s at %s, to %s.", source, how, self.where(),
-                        f"step {trainer.n_batches}" if by_steps else f"epoch {trainer.n_epochs}")
+                        f"step {length.n_batches}" if by_steps else f"epoch {length.n_epochs}")
         return True
-
-
-def _reached_end(trainer: Any) -> bool:
-    epochs_done = trainer.n_epochs is not None and trainer.cur_epoch_idx >= trainer.n_epochs
-    return epochs_done or (trainer.n_batches is not None and trainer.global_forward_batches >= trainer.n_batches)
 
 
 def epoch_of_last_step(trainer: Any, in_epoch: bool) -> int:

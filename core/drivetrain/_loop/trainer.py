@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from .._callbacks import Callback, CallbackManager, Event, find_monitor_value, normalise_callbacks
-from .._checkpoint import Position, load_model, load_trainer, save_model, save_trainer
+from .._checkpoint import TrainerState, load_trainer, load_weights_into, save_model, save_trainer
 from .._common import (
     ConfigurationError,
     EarlyStopException,
@@ -32,7 +32,10 @@ from .._common import (
 )
 from .._common import configure as configure_logging
 from .._data import (
+    AccumulationCycle,
+    LoopLength,
     OverfitLoader,
+    Position,
     ReproducibleBatchSampler,
     ResumedFrom,
     TruncatedLoader,
@@ -277,6 +280,12 @@ class Trainer:
         return RunRecorder(records.loggers, records.every, records.run_dir, hparams)
 
     @property
+    def in_epoch(self) -> bool:
+        """Whether an epoch is open: the loop is inside it, or ``n_batches`` stopped it inside one (a checkpoint
+        taken then resumes inside that epoch)."""
+        return self._in_epoch
+
+    @property
     def history(self) -> dict[str, list[dict[str, Any]]]:
         """The run's scalars as plain data: ``{"train": [{"step": ..., "train/loss": ...}, ...], "evaluate": [...]}``.
 
@@ -337,6 +346,7 @@ class Trainer:
     def _reset_position(self, n_epochs: int, n_batches: int, accumulation_steps: int) -> None:
         """The loop's length and position, as callbacks read them and checkpoints store them."""
         self.accumulation_steps = accumulation_steps
+        self._cycle = AccumulationCycle(accumulation_steps)
         self.n_epochs: int | None = n_epochs
         self._requested_n_epochs = n_epochs
         self.n_batches: int | None = None if n_batches == -1 else n_batches
@@ -484,8 +494,11 @@ class Trainer:
         resume_folder = self._latest_checkpoint() if resume_from == RESUME_LATEST else resume_from
         if resume_folder is not None:
             self.load_checkpoint(resolve_resume_folder(resume_folder), resume_training=resume_training)
-        self._plan_length()
-        if self._resumed is not None and not self._resumed.has_work(self, latest=resume_from == RESUME_LATEST):
+        length = self._plan_length()
+        start = Position(self.cur_epoch_idx, self._resume_start_batch(), self.global_forward_batches, None)
+        if self._resumed is not None and not self._resumed.has_work(
+                length, start, by_steps=self._requested_n_batches != -1, per_epoch=self.num_batches_per_epoch,
+                latest=resume_from == RESUME_LATEST):
             return  # said why in one line; nothing is fired, so no checkpoint or run record is touched
         with stop_signals_raise(self.driver.is_distributed()):
             self._run_loop(num_eval_sanity_batch, bool(catch_KeyboardInterrupt))
@@ -565,13 +578,14 @@ class Trainer:
             say("resume_from=%r: resuming from %s%s.", RESUME_LATEST, folder, note)
         return folder
 
-    def _plan_length(self) -> None:
+    def _plan_length(self) -> LoopLength:
         """Work out ``n_batches`` from ``n_epochs`` (or the reverse) once the epoch length and the start are
-        known; a resumed run counts from its position in this run's layout (see :mod:`._loop_plan`)."""
+        known; a resumed run counts from its position in this run's layout (see ``_data/position.py``)."""
         length = plan_length(requested_epochs=self._requested_n_epochs, requested_batches=self._requested_n_batches,
                              per_epoch=self.num_batches_per_epoch, epoch=self.cur_epoch_idx,
                              steps=self.global_forward_batches, start_batch=self._resume_start_batch())
         self.n_epochs, self.n_batches = length.n_epochs, length.n_batches
+        return length
 
     def _reached_n_batches(self) -> bool:
         return self.n_batches is not None and self.global_forward_batches >= self.n_batches
@@ -660,8 +674,8 @@ class Trainer:
         return start
 
     def _run_batches(self, iterator: Iterator[Any]) -> bool:
-        """The per-batch loop, in the order of events of DESIGN.md; True when the data ran out (else the
-        epoch's planned end was reached).
+        """The per-batch loop, in the order of events of docs/user-guide/callbacks.md; True when the data ran
+        out (else the epoch's planned end was reached).
 
         The hot path: everything it needs is looked up once into locals, and each event
         is fired only when a handler listens to it.
@@ -725,19 +739,11 @@ class Trainer:
 
     def _is_cycle_end(self) -> bool:
         """Whether the current batch closes its gradient-accumulation cycle (then the optimizer steps)."""
-        k = self.accumulation_steps
-        if k == 1 or self._force_step:
-            return True
-        done = self.batch_idx_in_epoch + 1
-        return done % k == 0 or (self._epoch_length is not None and done == self._epoch_length)
+        return self._force_step or self._cycle.closes(self.batch_idx_in_epoch, self._epoch_length)
 
     def _cycle_size(self) -> int:
         """Number of batches in the current accumulation cycle (shorter for the last one of an epoch)."""
-        k = self.accumulation_steps
-        if self._epoch_length is None:
-            return k
-        start = self.batch_idx_in_epoch // k * k
-        return min(k, self._epoch_length - start)
+        return self._cycle.size(self.batch_idx_in_epoch, self._epoch_length)
 
     def get_no_sync_context(self) -> contextlib.AbstractContextManager:
         """The context to run a batch's forward and backward in.
@@ -934,12 +940,12 @@ class Trainer:
             consumed = self._sampler.consumed_samples(batches - self._epoch_start_batch) if batches else 0
         return Position(self.cur_epoch_idx, batches, self.global_forward_batches, consumed)
 
-    def _resume_at(self, position: Mapping[str, Any]) -> None:
+    def _resume_at(self, position: Position) -> None:
         """Put the loop where a checkpoint's ``position`` says; the next epoch starts after its batches."""
-        self.cur_epoch_idx = int(position["epoch"])
-        self.global_forward_batches = int(position["global_forward_batches"])
-        self._resume_batches = int(position["batches_done"])
-        self._resume_samples = position.get("consumed_samples")
+        self.cur_epoch_idx = position.epoch
+        self.global_forward_batches = position.global_forward_batches
+        self._resume_batches = position.batches_done
+        self._resume_samples = position.consumed_samples
 
     def save_checkpoint(self, folder: str | os.PathLike, *, allow_pickle: bool = False,
                         save_frozen: bool = False) -> str:
@@ -962,7 +968,17 @@ class Trainer:
         Raises:
             StateEncodingError: a callback state is not plain data and ``allow_pickle`` is False.
         """
-        return save_trainer(self, folder, allow_pickle, save_frozen)
+        self.fire("on_save_checkpoint")
+        state = TrainerState(self._position(), self.callback_manager.states(self), self._sampler, self.dataloader,
+                             self._loop_settings())
+        return save_trainer(self.driver, folder, state, allow_pickle, save_frozen)
+
+    def _loop_settings(self) -> dict[str, Any]:
+        """What a checkpoint's manifest records about the run beside its position (for people reading it)."""
+        failed = self._failed_by
+        return {"at_batch_boundary": not self._mid_batch,
+                "after_exception": None if failed is None else type(failed).__name__, "ended": self._ended,
+                "n_epochs": self.n_epochs, "n_batches": self.n_batches, "accumulation_steps": self.accumulation_steps}
 
     def load_checkpoint(self, folder: str | os.PathLike, *, resume_training: bool = True,
                         allow_pickle: bool = False) -> None:
@@ -980,7 +996,19 @@ class Trainer:
         Raises:
             CheckpointError: the checkpoint is damaged, incomplete, or for another driver or model.
         """
-        load_trainer(self, folder, resume_training, allow_pickle)
+        loaded = load_trainer(self.driver, folder, resume_training, allow_pickle)
+        resume = loaded.resume
+        if resume is None:
+            self.fire("on_load_checkpoint", loaded.callback_states)
+            return
+        self.callback_manager.load_states(self, resume.callback_states)
+        self._resume_at(resume.position)
+        self._resumed = resume.resumed
+        if self._sampler is not None and resume.sampler_state is not None:
+            self._sampler.load_state_dict(resume.sampler_state)
+        self.fire("on_load_checkpoint", loaded.callback_states)
+        self._resume_loader_states = resume.loader_states
+        resume.restore_processes(self.driver)
 
     # --------------------------------------------------------------- model files
     def save_model(self, folder: str | os.PathLike, *, save_frozen: bool = False, merge_adapters: bool = False) -> str:
@@ -1004,7 +1032,7 @@ class Trainer:
         Returns:
             The path of the weights file (a sharding driver: the folder).
         """
-        return save_model(self, folder, save_frozen, merge_adapters)
+        return save_model(self.driver, folder, save_frozen, merge_adapters, saved=lambda: self.fire("on_save_model"))
 
     def load_model(self, folder: str | os.PathLike, *, name_map: Any = None, source_driver: str | None = None) -> None:
         """Load the weights of a folder written by :meth:`save_model` or :meth:`save_checkpoint`.
@@ -1026,7 +1054,8 @@ class Trainer:
         Raises:
             CheckpointError: a checksum, a name or a shape does not match; nothing is loaded then.
         """
-        load_model(self, folder, name_map, source_driver)
+        load_weights_into(self.driver, folder, name_map, source_driver)
+        self.fire("on_load_model")
 
     @property
     def best_checkpoint(self) -> str | None:

@@ -132,7 +132,7 @@ class RunRecorder(HistoryRecorder):
             self._log_window(trainer, together=not self._alone)
         # "epoch" is the one the summary line names (the epoch of the last step, 1-based); "seconds" counts
         # this run() alone, "seconds_total" the whole run across its resumes
-        summary = {"step": trainer.global_forward_batches, "epoch": epoch_of_last_step(trainer, trainer._in_epoch),
+        summary = {"step": trainer.global_forward_batches, "epoch": epoch_of_last_step(trainer, trainer.in_epoch),
                    "seconds": round(time.perf_counter() - self._start, 3),
                    "seconds_total": round(self._seconds_total(), 3), **self._last("train"), **self._last("evaluate")}
         if self._resume_step is not None:

@@ -1,4 +1,4 @@
-"""The driver contract (DESIGN.md §4) as checks any backend can run through its kit.
+"""The driver contract (docs/backend-author-guide.md) as checks any backend can run through its kit.
 
 Each check belongs to a contract group and states its rule; a failure raises
 :class:`ContractViolation` naming the group, the rule and what the driver returned.
