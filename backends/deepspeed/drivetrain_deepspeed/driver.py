@@ -29,7 +29,6 @@ the user initialised; one process is a world of one); what differs:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -72,7 +71,8 @@ class _ConfigOptimizer:
         return f"<the optimizer of {CONFIG}['optimizer'], built when the engine starts>"
 
 
-class TorchDeepSpeedDriver(ShardedEngineDriver):
+class TorchDeepSpeedDriver(ShardedEngineDriver, engine="DeepSpeed", option=OPTIONS,
+                           instead_of_ddp=f"put DeepSpeed's options in {CONFIG}"):
     """Drives one rank of a DeepSpeed ZeRO run (built by :data:`.factory.create_driver` from a :class:`DeepSpeedPlan`)."""
 
     name = "deepspeed"
@@ -82,12 +82,9 @@ class TorchDeepSpeedDriver(ShardedEngineDriver):
     reads_state_shards = True  # any stage reads only the ranges it owns
     accepted_kwargs: Mapping[str, str] = DEEPSPEED_KWARGS
     not_here_kwargs: Mapping[str, str] = {
-        "ddp_kwargs": "configures DistributedDataParallel, which driver='deepspeed' does not use; remove it and put "
-        f"DeepSpeed's options in {CONFIG}.",
         "grad_scaler_kwargs": "configures torch's GradScaler; DeepSpeed scales fp16 losses itself: put "
         f"initial_scale_power, loss_scale_window, ... in {CONFIG}['fp16'].",
     }
-    sharding = dataclasses.replace(TorchDDPDriver.sharding, option=OPTIONS, waits="DeepSpeed")
     plan: DeepSpeedPlan
 
     def __init__(self, model: Any, plan: DeepSpeedPlan, **options: Any) -> None:

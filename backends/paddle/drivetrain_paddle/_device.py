@@ -62,10 +62,8 @@ def model_device(model: paddle.nn.Layer) -> Device:
         return Device("cpu")
     if tensor.place.is_gpu_place():
         return Device("gpu", tensor.place.gpu_device_id())
-    raise DriverError(
-        f"device=None keeps the model where it is, but the model is on {tensor.place}; the paddle driver supports "
-        "the CPU and CUDA GPUs. Pass device='cpu' or device='gpu'."
-    )
+    raise DriverError(f"device=None keeps the model where it is, but the model is on {tensor.place}; the paddle "
+                      "driver supports the CPU and CUDA GPUs. Pass device='cpu' or device='gpu'.")
 
 
 def resolve_device(device: Any, model: paddle.nn.Layer) -> Device:
@@ -97,10 +95,8 @@ def _check_gpu(given: Any, device: Device) -> Device:
         )
     count = paddle.device.cuda.device_count()
     if count == 0:
-        raise DriverError(
-            f"device={given!r} asks for a GPU but paddle sees none (CUDA build, 0 devices visible to this "
-            "process); check CUDA_VISIBLE_DEVICES and the driver, or use device='cpu'."
-        )
+        raise DriverError(f"device={given!r} asks for a GPU but paddle sees none (CUDA build, 0 devices visible to "
+                          "this process); check CUDA_VISIBLE_DEVICES and the driver, or use device='cpu'.")
     return Device("gpu", checked_cuda_index(given, device.index, count, lambda: 0, spelling="gpu", noun="GPU(s)"))
 
 
@@ -116,10 +112,6 @@ def _cpu_only_build() -> bool:
                 or paddle.device.get_all_custom_device_type())
 
 
-def _on_the_only_device(tensor: paddle.Tensor) -> bool:
-    return True
-
-
 class Mover:
     """Moves nested batches to one device (one instance per driver; the checks are bound once).
 
@@ -130,7 +122,7 @@ class Mover:
 
     def __init__(self, device: Device) -> None:
         self.index, self.place, self.on_cpu = device.index, device.place(), device.kind == "cpu"
-        in_place = _on_the_only_device if self.on_cpu and _cpu_only_build() else self.in_place
+        in_place = (lambda tensor: True) if self.on_cpu and _cpu_only_build() else self.in_place
         self.move = batch_mover(paddle.Tensor, in_place, self.to_device, _movable)  # moves one batch
 
     def in_place(self, tensor: paddle.Tensor) -> bool:

@@ -72,9 +72,9 @@ SHARDING_LEVELS = ("os", "os_g", "p_g_os")
 _PADDLE_SHARDING_REASON = "group_sharded_parallel only support gpu, xpu and custom_device now"
 """What paddle 3.3 asserts on a CPU (quoted when it cannot be asked: this process's paddle device is not the CPU)."""
 
-LAUNCH_HINT = ("Start every process with paddle's launcher (python -m paddle.distributed.launch --nproc_per_node N "
-               "--log_dir /tmp/paddle-logs train.py), which sets PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, "
-               "PADDLE_TRAINER_ENDPOINTS and PADDLE_CURRENT_ENDPOINT")
+LAUNCH_COMMAND = "python -m paddle.distributed.launch --nproc_per_node N --log_dir /tmp/paddle-logs train.py"
+LAUNCH_HINT = (f"Start every process with paddle's launcher ({LAUNCH_COMMAND}), which sets PADDLE_TRAINER_ID, "
+               "PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ENDPOINTS and PADDLE_CURRENT_ENDPOINT")
 PADDLE_LAUNCH = LauncherVars(
     rank="PADDLE_TRAINER_ID", world_size="PADDLE_TRAINERS_NUM", local_rank=("PADDLE_LOCAL_RANK", "PADDLE_RANK_IN_NODE"),
     local_world_size="PADDLE_LOCAL_SIZE", hint=LAUNCH_HINT,
@@ -186,10 +186,9 @@ def _sharding_option(options: Mapping[str, Any], device: Device, fleet: bool) ->
     if level is None:
         return None
     if fleet:
-        raise DriverError(
-            f"{_OPTIONS}['sharding']={level!r} wraps the model with group_sharded_parallel, but 'fleet': True wraps it "
-            "with fleet.distributed_model; use one of them (remove 'fleet' for group sharding)."
-        )
+        raise DriverError(f"{_OPTIONS}['sharding']={level!r} wraps the model with group_sharded_parallel, but "
+                          "'fleet': True wraps it with fleet.distributed_model; use one of them (remove 'fleet' for "
+                          "group sharding).")
     if device.kind != "gpu":
         raise DriverError(
             f"{_OPTIONS}['sharding']={level!r} needs GPUs: paddle refuses to shard on {device.name} "
@@ -202,16 +201,15 @@ def _sharding_option(options: Mapping[str, Any], device: Device, fleet: bool) ->
 
 def _paddle_sharding_reason() -> str:
     """paddle's own words for refusing the CPU: its device check runs before it looks at any argument."""
-    if paddle.get_device().split(":")[0] != "cpu":
-        return _PADDLE_SHARDING_REASON
-    from paddle.distributed.sharding import group_sharded_parallel
+    if paddle.get_device().split(":")[0] == "cpu":
+        from paddle.distributed.sharding import group_sharded_parallel
 
-    try:
-        group_sharded_parallel(None, None, "os")
-    except AssertionError as exc:
-        return str(exc) or _PADDLE_SHARDING_REASON
-    except Exception:  # a paddle that checks something else first: its words are not these
-        return _PADDLE_SHARDING_REASON
+        try:
+            group_sharded_parallel(None, None, "os")
+        except AssertionError as exc:
+            return str(exc) or _PADDLE_SHARDING_REASON
+        except Exception:  # noqa: BLE001 - a paddle that checks something else first: its words are not these
+            pass
     return _PADDLE_SHARDING_REASON
 
 
@@ -219,19 +217,17 @@ def _check_strategy(strategy: Any, fleet: bool) -> None:
     from paddle.distributed import fleet as paddle_fleet
 
     if not isinstance(strategy, paddle_fleet.DistributedStrategy):
-        raise DriverError(
-            f"paddle_kwargs['strategy']={strategy!r:.80} is not a paddle.distributed.fleet.DistributedStrategy."
-        )
+        raise DriverError(f"paddle_kwargs['strategy']={strategy!r:.80} is not a "
+                          "paddle.distributed.fleet.DistributedStrategy.")
     if not fleet:
         raise DriverError("paddle_kwargs['strategy'] configures fleet; add 'fleet': True (or remove the strategy).")
     configs = strategy.hybrid_configs
     other = {name: configs.get(name, 1) for name in ("mp_degree", "pp_degree", "sharding_degree", "sep_degree")}
     other = {name: value for name, value in other.items() if value not in (1, -1)}
     if other:
-        raise DriverError(
-            f"paddle_kwargs['strategy'] asks for {other}; drivetrain's paddle driver does data parallelism only "
-            "(every process holds the whole model). Leave the model, pipeline, sharding and sep degrees at 1."
-        )
+        raise DriverError(f"paddle_kwargs['strategy'] asks for {other}; drivetrain's paddle driver does data "
+                          "parallelism only (every process holds the whole model). Leave the model, pipeline, "
+                          "sharding and sep degrees at 1.")
 
 
 # ---------------------------------------------------------------------- environment
@@ -246,10 +242,8 @@ def read_env() -> _Env | None:
     if world > 1:
         endpoints = os.environ["PADDLE_TRAINER_ENDPOINTS"].split(",")
         if len(endpoints) != world:
-            raise DriverError(
-                f"PADDLE_TRAINER_ENDPOINTS lists {len(endpoints)} endpoint(s) but PADDLE_TRAINERS_NUM={world}; "
-                f"list one host:port per process. {LAUNCH_HINT}."
-            )
+            raise DriverError(f"PADDLE_TRAINER_ENDPOINTS lists {len(endpoints)} endpoint(s) but "
+                              f"PADDLE_TRAINERS_NUM={world}; list one host:port per process. {LAUNCH_HINT}.")
         master = master_address()
     return _Env(launched, master, os.environ.get("PADDLE_DISTRI_BACKEND"), _spawn_store())
 

@@ -31,9 +31,8 @@ from drivetrain.backend import (
     relaunch_command,
 )
 
-from ._dist_plan import SPAWN_STORE_ENV
+from ._dist_plan import LAUNCH_COMMAND, SPAWN_STORE_ENV
 
-PADDLE_LAUNCH = "python -m paddle.distributed.launch --nproc_per_node N --log_dir /tmp/paddle-logs train.py"
 TIMEOUT_OPTION = "paddle_kwargs['timeout']"
 _LAUNCHER_VARS = ("PADDLE_", "FLAGS_selected_gpus", "MASTER_ADDR", "MASTER_PORT", "POD_NAME")
 _CONNECT_TIMEOUT = 10  # seconds
@@ -49,7 +48,7 @@ def paddle_store(address: tuple[str, int]) -> ThreadStore:
 
 def paddle_relaunch_command(**kwargs: Any) -> list[str]:
     """This program's command line, or a DriverError offering paddle's launcher instead."""
-    return relaunch_command(PADDLE_LAUNCH, **kwargs)
+    return relaunch_command(LAUNCH_COMMAND, **kwargs)
 
 
 def paddle_env(rank: int, world_size: int, ports: list[int], backend: str, gpus: list[int] | None) -> dict[str, str]:

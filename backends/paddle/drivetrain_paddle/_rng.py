@@ -33,14 +33,10 @@ def _encode(state: Any) -> dict[str, Any]:
 
 def _decode(value: Any, where: str) -> Any:
     if not isinstance(value, Mapping) or not {"device", "seed", "offset", "engine"} <= set(value):
-        raise DriverError(
-            f"load_rng_state: {where} is not a paddle generator state (a dict with device, seed, offset and "
-            "engine, as rng_state() returns)."
-        )
+        raise DriverError(f"load_rng_state: {where} is not a paddle generator state (a dict with device, seed, "
+                          "offset and engine, as rng_state() returns).")
     engine = value["engine"]
-    if isinstance(engine, paddle.Tensor):
-        engine = engine.numpy()
-    engine = np.asarray(engine)
+    engine = np.asarray(engine.numpy() if isinstance(engine, paddle.Tensor) else engine)
     if engine.dtype != np.uint8 or engine.ndim != 1:
         raise DriverError(f"load_rng_state: {where}['engine'] must be a 1-d uint8 array, got {engine.dtype}.")
     state = _State.__new__(_State)

@@ -111,12 +111,9 @@ def tensor_buffer(tensor: Any) -> tuple[str, tuple[int, ...], memoryview]:
     check_file_tensor(tensor, paddle.Tensor, "a paddle tensor")
     tag = file_dtype_tag(tensor.dtype, _TAGS)
     shape = tuple(int(n) for n in tensor.shape)
-    tensor = tensor.detach()
-    if not tensor.place.is_cpu_place():
-        tensor = tensor.cpu()
-    bits = _BITS_AS.get(tag)
-    if bits is not None:
-        tensor = tensor.view(bits)
+    tensor = tensor.detach() if tensor.place.is_cpu_place() else tensor.detach().cpu()
+    if tag in _BITS_AS:
+        tensor = tensor.view(_BITS_AS[tag])
     try:
         array = np.from_dlpack(tensor)
     except (BufferError, RuntimeError, TypeError):  # a dtype or layout DLPack cannot express: copy

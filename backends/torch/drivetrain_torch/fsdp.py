@@ -27,7 +27,6 @@ differs:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -68,17 +67,14 @@ _FULL = StateDictOptions(full_state_dict=True)
 _TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class TorchFSDPDriver(ShardedEngineDriver):
+class TorchFSDPDriver(ShardedEngineDriver, engine="FSDP", option=OPTIONS,
+                      instead_of_ddp=f"give the sharding options in {OPTIONS} (wrap, mixed_precision, "
+                      "activation_checkpointing, ...)"):
     """Drives one rank of an FSDP2 run (built by ``create_fsdp_driver`` from a :class:`FSDPPlan`)."""
 
     name = "torch_fsdp"
     gradients_held = "FSDP holds the unreduced gradients itself"
     accepted_kwargs: Mapping[str, str] = {**FRAMEWORK_KWARGS, **FSDP_KWARGS}
-    not_here_kwargs: Mapping[str, str] = {
-        "ddp_kwargs": "configures DistributedDataParallel, which driver='torch_fsdp' does not use; remove it and "
-        f"give the sharding options in {OPTIONS} (wrap, mixed_precision, activation_checkpointing, ...).",
-    }
-    sharding = dataclasses.replace(TorchDDPDriver.sharding, option=OPTIONS, waits="FSDP")
     plan: FSDPPlan
 
     def __init__(self, model: Any, plan: FSDPPlan, **options: Any) -> None:
