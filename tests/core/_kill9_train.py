@@ -37,27 +37,19 @@ N_EPOCHS = 3
 ACCUMULATION = 3
 
 
-def slow_down_saves(delay: float, driver) -> None:
+def slow_down_saves(delay: float) -> None:
     """Sleep ``delay`` before each file of a checkpoint is written (inside the temp folder)."""
     if delay <= 0:
         return
     from drivetrain._format import folder
 
-    write = getattr(folder, "_write_and_hash", None)
-    if write is not None:
-        def slow_write(path, data):
-            time.sleep(delay)
-            return write(path, data)
+    write = folder._write_and_hash
 
-        folder._write_and_hash = slow_write
-    else:  # the writer was refactored: slow down serialisation instead (before the temp folder exists)
-        to_bytes = driver.tensors_to_bytes
+    def slow_write(path, data):
+        time.sleep(delay)
+        return write(path, data)
 
-        def slow_to_bytes(tensors):
-            time.sleep(delay)
-            return to_bytes(tensors)
-
-        driver.tensors_to_bytes = slow_to_bytes
+    folder._write_and_hash = slow_write
 
 
 def build_numpy():
@@ -236,7 +228,7 @@ def main(argv: list[str]) -> int:
     from drivetrain._format import list_checkpoints, remove_checkpoint
 
     trainer, final_params = BUILDERS[args.driver]()
-    slow_down_saves(float(os.environ.get("DRIVETRAIN_KILL9_SAVE_DELAY", "0")), trainer.driver)
+    slow_down_saves(float(os.environ.get("DRIVETRAIN_KILL9_SAVE_DELAY", "0")))
     ckpt_dir = os.path.abspath(args.ckpt_dir)
 
     def save_and_rotate(t) -> None:

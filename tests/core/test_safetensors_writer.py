@@ -195,13 +195,13 @@ def test_numpy_driver_bytes_match_safetensors_and_round_trip(tmp_path):
 
     driver = create_driver(LinearModel(3, 2, seed=0), "cpu")
     tensors = all_dtypes()
-    data = driver.tensors_to_bytes(tensors)
+    data = writer.encode(driver.tensor_file(tensors))
     assert data == safetensors.numpy.save(tensors)
     assert_bit_equal(driver.tensors_from_bytes(data), tensors)
     driver.save_tensors(tensors, tmp_path / "f.safetensors")
     assert (tmp_path / "f.safetensors").read_bytes() == data
     with pytest.raises(DriverError, match="save_tensors: 'lr' is a float, not a numpy array"):
-        driver.tensors_to_bytes({"lr": 0.1})
+        driver.tensor_file({"lr": 0.1})
 
 
 def test_numpy_model_state_is_not_a_copy():
@@ -213,29 +213,16 @@ def test_numpy_model_state_is_not_a_copy():
     assert all(state[k] is model.params[k] for k in model.params)
 
 
-def test_a_backend_with_only_tensors_to_bytes_still_checkpoints(tmp_path):
-    """Backends written before tensor_buffer existed keep working: their bytes are written as they are."""
+def test_a_backend_without_tensor_buffer_cannot_save_tensors(tmp_path):
     from drivetrain_numpy import LinearModel
     from drivetrain_numpy.driver import NumpyDriver
 
-    class Legacy(NumpyDriver):
+    class NoBuffer(NumpyDriver):
         tensor_buffer = Driver.tensor_buffer
 
-        def tensors_to_bytes(self, tensors):
-            return safetensors.numpy.save(dict(tensors))
-
-    class Neither(NumpyDriver):
-        tensor_buffer = Driver.tensor_buffer
-
-    legacy = Legacy(LinearModel(3, 2, seed=0))
-    content = legacy.tensor_file(legacy.model_state())
-    assert isinstance(content, bytes)
-    folder = write_checkpoint(str(tmp_path / "ckpt"), {"m.safetensors": content}, {})
-    assert read_checkpoint(folder).files["m.safetensors"] == content
-    legacy.save_tensors(legacy.model_state(), tmp_path / "m.safetensors")
-    assert (tmp_path / "m.safetensors").read_bytes() == content
-    with pytest.raises(NotImplementedError, match="implements neither tensor_buffer"):
-        Neither(LinearModel(3, 2, seed=0)).tensor_file({"a": np.zeros(1)})
+    with pytest.raises(NotImplementedError, match="does not implement tensor_buffer"):
+        NoBuffer(LinearModel(3, 2, seed=0)).save_tensors({"a": np.zeros(1)}, tmp_path / "a.safetensors")
+    assert os.listdir(tmp_path) == []
 
 
 def test_lazy_tensors_are_made_one_at_a_time_in_file_order(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 
 from drivetrain import Event, LRSchedulerCallback, Trainer, seed_everything
 from drivetrain._common.errors import DriverError
+from drivetrain._format import safetensors_writer
 from drivetrain._format.codec import join_state, split_state
 
 from .conftest import flow, tiny_net
@@ -42,7 +43,7 @@ def test_every_dtype_round_trips_bit_exactly(model, make_driver) -> None:
     tensors["empty"] = flow.zeros(0, 3)
     tensors["strided"] = flow.arange(12, dtype=flow.float32).reshape(3, 4)[:, 1]
     tensors["numpy"] = np.arange(6, dtype=np.int32).reshape(2, 3)
-    back = d.tensors_from_bytes(d.tensors_to_bytes(tensors))
+    back = d.tensors_from_bytes(safetensors_writer.encode(d.tensor_file(tensors)))
     assert set(back) == set(tensors)
     for name, original in tensors.items():
         if isinstance(original, np.ndarray):
@@ -83,7 +84,7 @@ def test_tensor_files_are_standard_safetensors(model, make_driver, tmp_path) -> 
 def test_bad_tensor_inputs_name_the_entry(model, make_driver, tmp_path) -> None:
     d = make_driver(model)
     with pytest.raises(DriverError, match=r"save_tensors: 'bad' is a list, not a oneflow tensor"):
-        d.tensors_to_bytes({"bad": [1, 2]})
+        d.tensor_file({"bad": [1, 2]})
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{nope")
     with pytest.raises(DriverError, match="not a readable safetensors file"):
@@ -102,7 +103,7 @@ def test_model_state_loads_back_into_a_fresh_model_keeping_parameter_identity(mo
     other = tiny_net(seed=5)
     weight = other.fc1.weight
     od = make_driver(other)
-    od.load_model_state(d.tensors_from_bytes(d.tensors_to_bytes(d.model_state())))
+    od.load_model_state(d.tensors_from_bytes(safetensors_writer.encode(d.tensor_file(d.model_state()))))
     assert other.fc1.weight is weight  # copied into the existing parameter: optimizers stay valid
     for name, value in od.model_state().items():
         np.testing.assert_array_equal(value.numpy(), state[name])
@@ -131,7 +132,7 @@ def test_gradients_round_trip_and_accumulate_exactly(make_driver, batches) -> No
     rd = make_driver(reference)
     rd.set_optimizers(flow.optim.SGD(reference.parameters(), lr=0.1))
     _train(rd, batches[0])
-    saved = rd.tensors_from_bytes(rd.tensors_to_bytes(rd.gradient_state()))
+    saved = rd.tensors_from_bytes(safetensors_writer.encode(rd.tensor_file(rd.gradient_state())))
     _train(rd, batches[1])
     expected = {k: v.numpy().copy() for k, v in rd.gradient_state().items()}
 
@@ -154,7 +155,8 @@ def test_gradients_round_trip_and_accumulate_exactly(make_driver, batches) -> No
 def _through_a_checkpoint_file(driver, state):
     """``state`` the way a checkpoint stores it: JSON skeleton plus a safetensors file for the tensors."""
     skeleton, tensors = split_state(state, driver.is_tensor, "rng")
-    return join_state(json.loads(json.dumps(skeleton)), driver.tensors_from_bytes(driver.tensors_to_bytes(tensors)))
+    data = safetensors_writer.encode(driver.tensor_file(tensors))
+    return join_state(json.loads(json.dumps(skeleton)), driver.tensors_from_bytes(data))
 
 
 def _noisy_net():

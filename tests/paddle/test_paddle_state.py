@@ -12,6 +12,7 @@ import pytest
 
 from drivetrain import CheckpointError, Event, LRSchedulerCallback, Trainer, seed_everything
 from drivetrain._common.errors import DriverError
+from drivetrain._format import safetensors_writer
 
 from .conftest import TinyNet, paddle
 
@@ -36,7 +37,7 @@ def test_every_dtype_round_trips_bit_exactly(model, make_driver) -> None:
     tensors["scalar"] = paddle.to_tensor(np.float32(2.5))
     tensors["empty"] = paddle.zeros([0, 3])
     tensors["numpy"] = np.arange(6, dtype=np.int32).reshape(2, 3)
-    back = d.tensors_from_bytes(d.tensors_to_bytes(tensors))
+    back = d.tensors_from_bytes(safetensors_writer.encode(d.tensor_file(tensors)))
     assert set(back) == set(tensors)
     for name, original in tensors.items():
         if isinstance(original, np.ndarray):
@@ -78,11 +79,11 @@ def test_tensor_files_are_standard_safetensors(model, make_driver, tmp_path) -> 
 def test_bad_tensor_inputs_name_the_entry(model, make_driver, tmp_path) -> None:
     d = make_driver(model)
     with pytest.raises(DriverError, match=r"save_tensors: 'lr' is a float, not a paddle tensor"):
-        d.tensors_to_bytes({"lr": 0.1})
+        d.tensor_file({"lr": 0.1})
     with pytest.raises(DriverError, match="tensor names must be str"):
-        d.tensors_to_bytes({1: paddle.ones([1])})
+        d.tensor_file({1: paddle.ones([1])})
     with pytest.raises(DriverError, match="complex128.*safetensors cannot store"):
-        d.tensors_to_bytes({"c": paddle.zeros([1], dtype="complex128")})
+        d.tensor_file({"c": paddle.zeros([1], dtype="complex128")})
     path = tmp_path / "broken.safetensors"
     path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
     with pytest.raises(DriverError, match="not a readable safetensors file"):
@@ -122,7 +123,7 @@ def test_gradients_round_trip_and_accumulate_exactly(make_driver, batches) -> No
     d = make_driver(model)
     fn, sig = d.get_model_call_fn(None)
     d.backward(d.model_call(batches[0], fn, sig)["loss"])
-    grads = d.tensors_from_bytes(d.tensors_to_bytes(d.gradient_state()))
+    grads = d.tensors_from_bytes(safetensors_writer.encode(d.tensor_file(d.gradient_state())))
     d.backward(d.model_call(batches[1], fn, sig)["loss"])
     expected = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
 
@@ -158,7 +159,7 @@ def test_rng_state_restores_dropout_draws_through_bytes(model, make_driver) -> N
     paddle.rand([5])
     state = d.rng_state()
     tensors = {f"e{i}": s["engine"] for i, s in enumerate(state["cpu"])}
-    back = d.tensors_from_bytes(d.tensors_to_bytes(tensors))
+    back = d.tensors_from_bytes(safetensors_writer.encode(d.tensor_file(tensors)))
     restored = {"cpu": [{**s, "engine": back[f"e{i}"]} for i, s in enumerate(state["cpu"])]}
     json.dumps({k: [{kk: vv for kk, vv in s.items() if kk != "engine"} for s in v] for k, v in restored.items()})
     drop = paddle.nn.Dropout(0.5)
@@ -205,7 +206,8 @@ def _through_checkpoint_codec(driver, value):
     from drivetrain._format.codec import join_state, split_state
 
     skeleton, tensors = split_state(value, driver.is_tensor, "s")
-    return join_state(json.loads(json.dumps(skeleton)), driver.tensors_from_bytes(driver.tensors_to_bytes(tensors)))
+    data = safetensors_writer.encode(driver.tensor_file(tensors))
+    return join_state(json.loads(json.dumps(skeleton)), driver.tensors_from_bytes(data))
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, TensorDataset, 
 
 from drivetrain._common.errors import DriverError
 from drivetrain._data.sampler import ReproducibleBatchSampler, find_reproducible_sampler
+from drivetrain._format import safetensors_writer
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -93,7 +94,7 @@ def _through_disk(driver, obj: Any) -> Any:
     """``obj`` after the trip a checkpoint makes: tensors through safetensors bytes, the rest through JSON."""
     tensors: dict = {}
     skeleton = json.loads(json.dumps(_split(obj, tensors)))
-    return _join(skeleton, driver.tensors_from_bytes(driver.tensors_to_bytes(tensors)))
+    return _join(skeleton, driver.tensors_from_bytes(safetensors_writer.encode(driver.tensor_file(tensors))))
 
 
 def _params(model) -> list[torch.Tensor]:
@@ -139,7 +140,7 @@ def test_bytes_round_trip_every_dtype_bit_exactly(model, make_driver) -> None:
         "lone_view": torch.arange(10.0)[3:7],  # a view with a storage offset, nothing else shares it
         "t": floats.t(),  # non-contiguous
     }
-    data = d.tensors_to_bytes(tensors)
+    data = safetensors_writer.encode(d.tensor_file(tensors))
     assert isinstance(data, bytes) and not data.startswith(b"\x80")  # not pickle
     loaded = d.tensors_from_bytes(data)
     assert set(loaded) == set(tensors)
@@ -153,13 +154,14 @@ def test_bytes_match_the_file_the_base_class_writes(model, make_driver, tmp_path
     d = make_driver(model)
     state = d.model_state()
     d.save_tensors(state, tmp_path / "m.safetensors")
-    assert (tmp_path / "m.safetensors").read_bytes() == d.tensors_to_bytes(state)
+    assert (tmp_path / "m.safetensors").read_bytes() == safetensors_writer.encode(d.tensor_file(state))
 
 
 def test_damaged_bytes_raise_a_driver_error_naming_the_file(model, make_driver, tmp_path) -> None:
     d = make_driver(model)
-    data = d.tensors_to_bytes(d.model_state())
     path = tmp_path / "cut.safetensors"
+    d.save_tensors(d.model_state(), path)
+    data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(DriverError, match="cut.safetensors"):
         d.load_tensors(path)
@@ -168,7 +170,7 @@ def test_damaged_bytes_raise_a_driver_error_naming_the_file(model, make_driver, 
 def test_sparse_tensors_are_refused_with_the_fix(model, make_driver) -> None:
     d = make_driver(model)
     with pytest.raises(DriverError, match=r"'s' has layout .*to_dense"):
-        d.tensors_to_bytes({"s": torch.eye(3).to_sparse()})
+        d.tensor_file({"s": torch.eye(3).to_sparse()})
 
 
 # ----------------------------------------------------------------------------- gradients
@@ -697,7 +699,7 @@ def _run(make_driver, *, stop_after: int | None = None, resume: dict | None = No
                          "in_epoch": in_epoch, "done": done}
                 tensors: dict = {}
                 skeleton = json.loads(json.dumps(_split(state, tensors)))
-                return [], {"skeleton": skeleton, "bytes": d.tensors_to_bytes(tensors)}
+                return [], {"skeleton": skeleton, "bytes": safetensors_writer.encode(d.tensor_file(tensors))}
     return _params(model), None
 
 

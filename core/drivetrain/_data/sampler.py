@@ -114,14 +114,6 @@ class ReproducibleBatchSampler:
         """
         return min(self._epoch_start_offset + batches_since_start * self.global_batch_size, self.dataset_len)
 
-    def batches_left(self) -> int:
-        """Batches the next iteration yields on this rank.
-
-        Returns:
-            The count, fewer than ``len(self)`` after a resume in the middle of an epoch.
-        """
-        return self._batches_from(self._start)
-
     def _batches_from(self, offset: int) -> int:
         full, rest = divmod(max(0, self.dataset_len - offset), self.global_batch_size)
         return full if self.drop_last or not rest else full + 1

@@ -769,21 +769,21 @@ class Trainer:
         Returns:
             The outputs after ``output_mapping`` (with ``loss_fn``: a dict holding ``"loss"``).
         """
-        k = self.accumulation_steps
-        if k == 1:
+        if self.accumulation_steps == 1:
             cycle_size, sync = 1, True
         else:
             sync = self._is_cycle_end()
             cycle_size = self._cycle_size()
         handlers = self._handlers
-        if self._separate_backward:
-            outputs = self.driver.forward_backward(
-                batch, self._train_step, cycle_size=cycle_size, sync=sync,
-                before_backward=self._fire_before_backward if handlers["on_before_backward"] else None)
-        else:  # the handlers only read the loss (see _check_before_backward): after the fused call
+        if not self._separate_backward:  # the handlers only read the loss (_check_before_backward): fire after
             outputs = self.driver.forward_backward(batch, self._train_step, cycle_size=cycle_size, sync=sync)
             if handlers["on_before_backward"]:
                 self.fire("on_before_backward", outputs)
+        elif handlers["on_before_backward"]:
+            outputs = self.driver.forward_backward(batch, self._train_step, cycle_size=cycle_size, sync=sync,
+                                                   before_backward=self._fire_before_backward)
+        else:
+            outputs = self.driver.forward_backward(batch, self._train_step, cycle_size=cycle_size, sync=sync)
         self._unstepped_gradients = True
         if handlers["on_after_backward"]:
             self.fire("on_after_backward")

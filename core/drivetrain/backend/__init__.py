@@ -16,7 +16,6 @@ from __future__ import annotations
 from .._common import DistributedError, DriverError, bool_option, ignore_framework_log_format
 from .._data import (
     DefaultSampling,
-    OverfitLoader,
     ReproducibleBatchSampler,
     UnrepeatedBatchSampler,
     find_reproducible_sampler,
@@ -27,11 +26,9 @@ from .._distributed import (
     LOCALHOST,
     READY_KEY,
     SPAWN_PARENT_ENV,
-    CheckedStore,
     CollectiveGuard,
     DataSharding,
     DeviceRules,
-    DeviceSlot,
     DistPlan,
     DistributedDriverMixin,
     FailureBoard,
@@ -42,9 +39,6 @@ from .._distributed import (
     ShardedEngineMixin,
     ThreadStore,
     Watchdog,
-    broadcast_pickled,
-    check_distinct_devices,
-    check_enough_gpus,
     check_launched_layout,
     check_layout_arguments,
     check_process_count,
@@ -54,34 +48,25 @@ from .._distributed import (
     env_address,
     env_int,
     env_master,
-    exception_summary,
-    exit_description,
     flat_buckets,
     free_ports,
-    gather_pickled,
     local_launch_env,
     loopback_env,
     one_gpu_for_many,
     plan_options,
     process_group_backend,
-    processes_wanted,
-    pump_output,
     read_launcher_env,
     reduce_gathered,
-    reducible_array,
     refuse_late_options,
     relaunch_command,
     settle_at_exit,
-    spawn_request,
     startup_patience,
-    timeout_option,
     wrapper_options,
 )
 from .._format import (
     MODEL_PREFIX,
     CheckpointError,
     ShardPiece,
-    ShardRead,
     ShardSource,
     StateShards,
     array_buffer,
@@ -91,9 +76,7 @@ from .._format import (
 )
 from .._mapping import positional_parameters
 from ._checks import (
-    check_framework_kwargs,
     check_lrs,
-    check_model_type,
     checked_cuda_index,
 )
 from ._device_args import (
@@ -135,7 +118,6 @@ from ._state_checks import (
     check_gradient_names,
     check_gradient_shape,
     check_rng_state_keys,
-    check_state_names,
     check_state_shape,
     listed_names,
     loadable_gradients,
@@ -146,7 +128,6 @@ from ._state_checks import (
 )
 from ._state_codec import (
     bf16_bits,
-    bf16_widened,
     check_file_tensor,
     check_optimizer_state,
     dtype_tags,
@@ -159,25 +140,21 @@ from ._state_codec import (
 from ._weight_layout import NEUTRAL, NEUTRAL_COMPANIONS, TensorRule, WeightLayout, decode_classes  # noqa: F401
 
 __all__ = [
-    # distributed runs (see drivetrain._spawn): self-launch and naming the rank that failed
+    # distributed runs (see drivetrain._distributed.spawn): self-launch and naming the rank that failed
     "READY_KEY",  # a spawned rank sets it in the store once it reached the Trainer
     "SPAWN_PARENT_ENV",  # set in the environment of processes the Trainer started
-    "CheckedStore",
-    "ThreadStore",  # a CheckedStore with one connection per thread (a store handle that cannot be shared)
+    "ThreadStore",  # a checked store with one connection per thread (a store handle that cannot be shared)
     "FolderStore",  # a store of files in a private folder: notices between processes of one machine, no socket
     "FailureBoard",
     "Launcher",
     "die_with_parent",  # a preexec_fn: the child gets SIGKILL when the given parent dies (Linux)
-    "pump_output",  # copy a child's output to this process, each line prefixed
-    "exception_summary",
-    "exit_description",
     "relaunch_command",
     "LOCALHOST",  # 127.0.0.1, where a self-launched run meets
     "free_ports",  # TCP ports nobody listens on right now, for a rendezvous on this machine
     "startup_patience",  # how long starting the processes may take: the timeout, but at least a minute
     "local_launch_env",  # torchrun's MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/... for one rank on this machine
     "loopback_env",  # GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME naming the loopback interface, for a run on this machine
-    # distributed drivers (see drivetrain._distributed, drivetrain._dist_options)
+    # distributed drivers (see drivetrain._distributed: mixin, options)
     "COMM_ERROR_MARKERS",  # words in an error's text that mean a collective broke on the connection
     "CollectiveGuard",  # wraps collectives: a broken one raises DistributedError naming the failed peer
     "DataSharding",  # how a backend rebuilds its dataloaders, for DistributedDriverMixin
@@ -195,24 +172,15 @@ __all__ = [
     "env_master",  # (MASTER_ADDR, MASTER_PORT) where both are set, else None
     "one_gpu_for_many",  # the error for device= naming one GPU for several processes
     "plan_options",  # timeout, even_batches and spawn_output of a backend's options, checked
-    "processes_wanted",  # how many processes nproc= and a device list ask for together
     "read_launcher_env",  # a launcher's rank/world/local variables, checked (None when not launched)
-    "broadcast_pickled",  # broadcast_object built from a framework's array broadcast
-    "gather_pickled",  # all_gather_object built from a framework's array all-gather
     "reduce_gathered",  # all_reduce of gathered arrays in numpy, in rank order
-    "reducible_array",  # the numeric numpy array Driver.all_reduce can reduce, else a DriverError
     "flat_buckets",  # gradients grouped by dtype in runs of bounded size, one flat all-reduce each
     "settle_at_exit",  # a short pause at exit so gloo's threads finish before the interpreter does
-    "timeout_option",  # the seconds a collective may wait: a finite number > 0
-    # layout planning (see drivetrain._dist_layout): device lists, GPU counts, process-group options
+    # layout planning (see drivetrain._distributed.layout): device lists, GPU counts, process-group options
     "LAUNCH_OPTION_DOCS",  # descriptions of even_batches and spawn_output for a backend's accepted kwargs
     "DeviceRules",  # a backend's device calls; its methods pick each process's device and check device lists
-    "DeviceSlot",  # one parsed entry of a device list: kind ('cpu'/'gpu'), index, display name
-    "check_distinct_devices",  # a device list: all GPUs, each once, with an index (several CPUs: use nproc=N)
-    "check_enough_gpus",  # nproc processes on GPUs need that many visible GPUs
     "process_group_backend",  # 'gloo' or 'nccl' from the options, checked against this process's device
     "refuse_late_options",  # start-up options given after the user already started the process group
-    "spawn_request",  # how many processes the Trainer must start, and on which device(s)
     "wrapper_options",  # a dict of options for the framework's data-parallel wrapper, checked
     "Watchdog",  # ends the process, naming rank and operation, when a call that waits for the others cannot end
     "end_process",  # the Watchdog's default end: the reason on stderr, exit code 1 (optionally after a pause)
@@ -229,10 +197,9 @@ __all__ = [
     "driver_specs_hook",  # the plugin module's drivetrain_driver_specs hook for a backend laid out by convention
     "ignore_framework_log_format",  # the format of a root-logger handler the framework adds on import: not the app's
     # models
-    "check_model_type",  # model= must be an instance of the framework's module class
     "positional_parameters",  # a forward's positional parameter names, required count, *args and **kwargs
     "first_tensor",  # a model's first parameter or buffer (None without any): where device=None finds it
-    # devices (see drivetrain._device_args)
+    # devices (see drivetrain.backend._device_args)
     "OTHER_DEVICE_KINDS",  # accelerator kinds named as unsupported rather than unknown in device= errors
     "parse_device_arg",  # ('cpu'|'cuda', index) for device= spellings every backend takes; bool/negative refused
     "unaccepted_device",  # the DriverError for a device= of a type the backend does not read
@@ -241,7 +208,6 @@ __all__ = [
     "batch_mover",  # move(batch): nested tensors to one device, the usual dict-in-place batch without recursion
     "checked_cuda_index",  # the index of a cuda device= (the current one when it names none), refused when absent
     # data
-    "OverfitLoader",  # what the Trainer wraps a loader in for overfit_batches; a driver unwraps it
     "DefaultSampling",  # a framework DataLoader with default sampling, rebuilt around the samplers below
     "ReproducibleBatchSampler",  # the resumable, shardable training sampler a driver installs
     "UnrepeatedBatchSampler",  # the evaluation sampler: each rank its own shard, once, no padding
@@ -250,14 +216,12 @@ __all__ = [
     "StateShards",  # what one rank contributes to a sharded checkpoint: its pieces and plain-data meta
     "ShardPiece",  # one rank's piece of a tensor: the tensor, its offsets in the full tensor, the full shape
     "ShardSource",  # a verified sharded checkpoint: keys, shapes, meta, and the reads that fill a piece
-    "ShardRead",  # one copy: slices of a stored piece (file, key) into slices of the piece being loaded
     "flat_range_boxes",  # a flat range of a tensor as boxes: pieces for drivers that shard flattened tensors
     "MODEL_PREFIX",  # 'model/': the state keys of model weights in a sharded checkpoint
     "check_shard_model",  # a sharded checkpoint's model names and shapes against the model's, before any copy
     "check_shard_optimizers",  # its optimizer metas against each optimizer's param groups (by parameter name)
     "CheckpointError",  # a checkpoint that cannot be loaded (also drivetrain.CheckpointError)
     "bool_option",
-    "check_state_names",  # load_model_state's strict name check, with the message every backend gives
     "check_state_shape",  # a saved tensor of another shape than the model's, refused with the same words
     "check_gradient_names",  # load_gradient_state's check: a mapping naming only the model's parameters
     "check_gradient_shape",  # a saved gradient of another shape than its parameter's
@@ -274,10 +238,9 @@ __all__ = [
     "file_dtype_tag",  # tensor_buffer's safetensors tag of a dtype, refusing one safetensors cannot store
     "safetensors_arrays",  # each tensor of parsed safetensors bytes as a checked numpy array, for tensors_from_bytes
     "bf16_bits",  # float32 values -> their bfloat16 bits (uint16), exactly
-    "bf16_widened",  # bfloat16 bits (uint16) -> their float32 values, exactly
     "widened_tensors",  # tensors_from_bytes for a framework whose numpy bridge has no bfloat16 (through float32)
     "scaler_state_to_load",  # load_precision_state's checks and warnings around a grad scaler state
-    # mixed precision (see drivetrain._precision_amp)
+    # mixed precision (see drivetrain.backend._precision_amp)
     "AmpPrecision",  # base of a backend's Precision: autocast factory, loss scaler state saved and loaded
     "scaler_options",  # the user's loss-scaler options: fp16 only, known keys only
     "check_scaler_values",  # each loss-scaler option's value against the rule its description starts with
@@ -286,7 +249,6 @@ __all__ = [
     "rng_state_list",  # an entry of a saved RNG state as a list (one state per device), refused otherwise
     "warn_device_states",  # how many saved per-device RNG states to restore here, warning when the counts differ
     "listed_names",  # a short list of names for an error message
-    "check_framework_kwargs",
     "find_reproducible_sampler",
     "move_nested",
     # optimisation

@@ -340,10 +340,17 @@ class Driver(abc.ABC):
         Returns:
             The outputs (``step.call``'s), for the batch's callbacks and records.
         """
-        if sync:
-            return self._forward_backward(batch, step, cycle_size, before_backward)
-        with self.no_sync():
-            return self._forward_backward(batch, step, cycle_size, before_backward)
+        if not sync:
+            with self.no_sync():
+                return self._forward_backward(batch, step, cycle_size, before_backward)
+        outputs = step.call(batch)  # the usual batch, inline: this runs every step
+        if before_backward is not None:
+            before_backward(outputs)
+        loss = step.loss(outputs)
+        if cycle_size > 1:
+            loss = loss / cycle_size
+        self.backward(loss)
+        return outputs
 
     def _forward_backward(self, batch: Any, step: ModelStep, cycle_size: int,
                           before_backward: Callable[[Any], None] | None) -> Any:
@@ -393,8 +400,7 @@ class Driver(abc.ABC):
         """The learning rate of every param group: one list per optimizer (in order), one float per group.
 
         The core's learning-rate schedules read the base rates with it. The default
-        raises: a backend written before this method existed still loads, and only a
-        schedule asks for it.
+        raises: only a schedule asks for it.
 
         Returns:
             ``[[rate of each param group] for each optimizer]``.
@@ -654,10 +660,9 @@ class Driver(abc.ABC):
         data rather than a serialised copy first. Tensors sharing memory (tied weights)
         need nothing special: each is written in full. Raise a :class:`DriverError` worded
         to follow the tensor's name (``"is a float, not a torch tensor; ..."``): the core
-        puts the name in front. numpy arrays can use ``safetensors_writer.array_buffer``.
+        puts the name in front. numpy arrays can use ``drivetrain.backend.array_buffer``.
 
-        The default raises: a backend written before this method existed overrides
-        :meth:`tensors_to_bytes` instead, and its files are then serialised in memory.
+        The default raises: a driver without it cannot save tensors.
 
         Args:
             tensor: a tensor of this framework.
@@ -667,31 +672,26 @@ class Driver(abc.ABC):
 
         Raises:
             DriverError: ``tensor`` is not a tensor this driver can save.
-            NotImplementedError: the backend implements neither this nor :meth:`tensors_to_bytes`.
+            NotImplementedError: the backend does not implement it.
         """
         raise NotImplementedError(
-            f"driver {self.name!r} ({type(self).__qualname__}) implements neither tensor_buffer() nor "
-            "tensors_to_bytes(); implement tensor_buffer() to save tensors."
+            f"driver {self.name!r} ({type(self).__qualname__}) does not implement tensor_buffer(); implement it to "
+            "save tensors."
         )
 
-    def tensor_file(self, tensors: Mapping[str, Any]) -> list[TensorEntry] | bytes:
-        """A flat ``{name: tensor}`` dict the way the core writes it to disk.
-
-        A list of ``(name, dtype, shape, data)`` from :meth:`tensor_buffer`, streamed into
-        the file; or, from a backend that implements only :meth:`tensors_to_bytes`, its bytes.
+    def tensor_file(self, tensors: Mapping[str, Any]) -> list[TensorEntry]:
+        """A flat ``{name: tensor}`` dict the way the core writes it to disk: ``(name, dtype, shape, data)`` of each
+        tensor from :meth:`tensor_buffer`, streamed into the file.
 
         Args:
             tensors: ``{name: tensor}``.
 
         Returns:
-            Entries to stream into a safetensors file, or its bytes.
-        """
-        if type(self).tensor_buffer is Driver.tensor_buffer:
-            return self.tensors_to_bytes(tensors)
-        return self._tensor_entries(tensors)
+            Entries to stream into a safetensors file.
 
-    def _tensor_entries(self, tensors: Mapping[str, Any]) -> list[TensorEntry]:
-        """:meth:`tensor_buffer` of every tensor, with the tensor's name in any error."""
+        Raises:
+            DriverError: a name is not a string or a value not a tensor (the message names it).
+        """
         if not isinstance(tensors, Mapping):
             raise DriverError(f"save_tensors(tensors={type(tensors).__name__}) needs a dict of name -> tensor.")
         entries: list[TensorEntry] = []
@@ -705,27 +705,9 @@ class Driver(abc.ABC):
             entries.append((name, dtype, shape, data))
         return entries
 
-    def tensors_to_bytes(self, tensors: Mapping[str, Any]) -> bytes:
-        """Serialise a flat dict of framework tensors without pickle (safetensors bytes).
-
-        The default encodes :meth:`tensor_buffer` of each tensor in memory; every dtype,
-        bf16 included, round-trips bit-exactly. Checkpoints do not go through it (they
-        stream :meth:`tensor_file` into the file); it serves callers that need bytes.
-
-        Args:
-            tensors: ``{name: tensor}``.
-
-        Returns:
-            The safetensors file's bytes.
-
-        Raises:
-            DriverError: a name is not a string or a value not a tensor.
-        """
-        return safetensors_writer.encode(self._tensor_entries(tensors))
-
     @abc.abstractmethod
     def tensors_from_bytes(self, data: bytes) -> dict[str, Any]:
-        """Parse safetensors bytes (what :meth:`tensors_to_bytes` produces) into CPU tensors; never executes code.
+        """Parse safetensors bytes (a file :meth:`save_tensors` wrote) into CPU tensors; never executes code.
 
         Args:
             data: a safetensors file's bytes.
@@ -744,12 +726,7 @@ class Driver(abc.ABC):
         Raises:
             DriverError: a name is not a string or a value not a tensor.
         """
-        content = self.tensor_file(tensors)
-        if isinstance(content, bytes):
-            with open(path, "wb") as f:
-                f.write(content)
-        else:
-            safetensors_writer.save(os.fspath(path), content)
+        safetensors_writer.save(os.fspath(path), self.tensor_file(tensors))
 
     def load_tensors(self, path: str) -> dict[str, Any]:
         """Read a file written by :meth:`save_tensors`.

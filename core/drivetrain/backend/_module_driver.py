@@ -89,7 +89,8 @@ class ModuleDriver(Driver):
     and :meth:`step` use.
 
     Hooks (framework): :meth:`resolve_device`, :meth:`configure`, :meth:`no_grad`,
-    :meth:`optimizer_params`, :meth:`loss_requires_grad`, :meth:`run_backward`,
+    :meth:`optimizer_params`, ``backward(loss)`` (no default: check the loss, :meth:`raise_bad_loss` words
+    the error, then :meth:`run_backward` or the framework's own call),
     :meth:`clip_gradients`, :meth:`move_data_to_device`, :meth:`tensor_to_numpy`,
     :meth:`reproducible_dataloader`, :meth:`seed`, :meth:`rng_state`, :meth:`load_rng_state`.
     The defaults of :meth:`no_grad` and :meth:`clip_gradients` call the framework's torch-style
@@ -221,19 +222,10 @@ class ModuleDriver(Driver):
             )
         return None
 
-    def loss_requires_grad(self, loss: Any) -> bool:
-        """(framework) Whether backward from ``loss`` reaches trainable parameters."""
-        return bool(loss.requires_grad)
-
     def run_backward(self, loss: Any) -> None:
         """(framework) Backward from a checked loss (scaled by ``grad_scaler`` first when there is one)."""
         scaler = self.grad_scaler
         (loss if scaler is None else scaler.scale(loss)).backward()
-
-    def backward(self, loss: Any) -> None:
-        if not isinstance(loss, self.tensor_type) or not self.loss_requires_grad(loss):
-            self.raise_bad_loss(loss)
-        self.run_backward(loss)
 
     def raise_bad_loss(self, loss: Any) -> None:
         """The error for a loss that is not a tensor, has more than one element, or has no gradient path."""
