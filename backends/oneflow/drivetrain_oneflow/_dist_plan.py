@@ -28,7 +28,6 @@ import oneflow as flow
 
 from drivetrain.backend import (
     LAUNCH_OPTION_DOCS,
-    SPAWN_PARENT_ENV,
     DeviceRules,
     DriverError,
     LauncherEnv,
@@ -70,7 +69,7 @@ class DistPlan(CoreDistPlan):
 def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
     """The distributed layout asked for, or None for one process (the single-device driver)."""
     check_layout_arguments(nproc, device)
-    launch = DEVICES.launch(nproc, device, _launched(), model, spawned=SPAWN_PARENT_ENV in os.environ)
+    launch = DEVICES.launch(nproc, device, _launched(), model)
     if launch is None:
         return None
     how, device, env = launch

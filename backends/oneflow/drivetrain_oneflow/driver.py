@@ -27,9 +27,8 @@ import oneflow as flow  # noqa: E402
 
 from drivetrain.backend import NULL_CONTEXT, ModuleDriver  # noqa: E402
 
-from . import _rng  # noqa: E402
+from . import _dataloader, _rng  # noqa: E402
 from . import state as _state  # noqa: E402
-from ._dataloader import reproducible_dataloader, reseed_for_epoch  # noqa: E402
 from ._device import batch_mover, resolve_device  # noqa: E402
 from .plugin import CAPABILITIES  # noqa: E402
 from .precision import SCALER_KWARGS, Precision  # noqa: E402
@@ -40,28 +39,20 @@ FRAMEWORK_KWARGS = {
 _DISTRIBUTED_ONLY_KWARGS = ("ddp_kwargs", "timeout", "even_batches", "spawn_output")
 
 
-class OneflowSingleDriver(ModuleDriver):
+class OneflowSingleDriver(ModuleDriver, torch_style="oneflow"):
     """Drives a ``oneflow.nn.Module`` in one process on one device (CPU or one CUDA GPU)."""
 
     name = "oneflow"
     capabilities = CAPABILITIES
     framework = flow
-    module_type, module_name = flow.nn.Module, "oneflow.nn.Module"
-    optimizer_type, optimizer_name = flow.optim.Optimizer, "oneflow.optim.Optimizer"
-    loss_example = "oneflow.nn.functional.cross_entropy(outputs, batch['label'])"
-    to_tensor_example = "oneflow.as_tensor(array)"
     optimizer_example = "oneflow.optim.Adam(model.parameters(), lr=1e-3)"
-    tensor_type = flow.Tensor
-    dataloader_type, dataset_type = flow.utils.data.DataLoader, flow.utils.data.Dataset
-    dataloader_example = "oneflow.utils.data.DataLoader(dataset, batch_size=32, shuffle=True)"
-    tensor_dataloader_example = ("oneflow.utils.data.DataLoader(oneflow.utils.data.TensorDataset("
-                                 "oneflow.as_tensor(x), oneflow.as_tensor(y)), batch_size=32, shuffle=True)")
     accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
     """The ``oneflow_kwargs`` keys this driver understands, with what each means."""
     distributed_only_kwargs = _DISTRIBUTED_ONLY_KWARGS
     distributed_hint = ("train distributed: nproc=N, device=[0, 1], or python -m oneflow.distributed.launch "
                         "--nproc_per_node N train.py")
     state_ops = _state
+    data_ops = _dataloader
     optimizer_load_errors = (ValueError, KeyError)
 
     def resolve_device(self, device: Any, model: Any) -> flow.device:
@@ -124,13 +115,6 @@ class OneflowSingleDriver(ModuleDriver):
             copied = True
         array = tensor.numpy()
         return array if copied else array.copy()
-
-    def reproducible_dataloader(self, dataloader: Any) -> Any:
-        return reproducible_dataloader(dataloader)
-
-    def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:
-        super().set_sampler_epoch(dataloader, epoch)
-        reseed_for_epoch(dataloader, epoch)
 
     # ---------------------------------------------------------------------- state
     def seed(self, seed: int) -> None:

@@ -28,9 +28,8 @@ from drivetrain.backend import (
     check_file_tensor,
     dtype_tags,
     file_dtype_tag,
-    gradient_copies,
-    loadable_gradients,
-    loadable_model_state,
+    load_module_state,
+    module_gradients,
     move_nested,
     tensor_from,
     widened_tensors,
@@ -62,9 +61,7 @@ def model_state(model: flow.nn.Module) -> dict[str, flow.Tensor]:
 
 def load_model_state(model: flow.nn.Module, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``; names and shapes must match exactly, dtypes are cast to the model's."""
-    prepared = loadable_model_state(state, model.state_dict(), type(model).__name__, as_tensor=as_tensor,
-                                    shape=_shape, cast=lambda value, dtype: value.to(dtype))
-    model.load_state_dict(prepared, strict=True)  # copies into the existing tensors: optimizers stay valid
+    load_module_state(model, state, as_tensor=as_tensor, cast=lambda value, dtype: value.to(dtype))
 
 
 # ------------------------------------------------------------------ tensor files
@@ -95,18 +92,13 @@ def tensors_from_bytes(data: bytes) -> dict[str, flow.Tensor]:
 
 
 # --------------------------------------------------------------------- gradients
-def gradient_state(model: flow.nn.Module) -> dict[str, flow.Tensor]:
-    """Copies of the pending gradients by parameter name, on the CPU.
+def gradient_copy(grad: flow.Tensor) -> flow.Tensor | None:
+    """A CPU copy of a pending gradient, or None when it is all zeros (nothing accumulated).
 
     The drivers zero gradients in place rather than dropping them (see ``zero_grad``), so
     an all-zero gradient means "nothing accumulated" and is left out, as a missing one
     would be: a checkpoint between accumulation cycles then holds no gradients at all.
     """
-    return gradient_copies(model.named_parameters(), _pending_copy)
-
-
-def _pending_copy(grad: flow.Tensor) -> flow.Tensor | None:
-    """A CPU copy of ``grad``, or None when it is all zeros (nothing accumulated)."""
     grad = grad.to("cpu").clone()
     if bool(grad.abs().sum().numpy() > 0) or not bool(flow.isfinite(grad).all().numpy()):
         return grad
@@ -120,9 +112,9 @@ def load_gradient_state(model: flow.nn.Module, grads: Mapping[str, Any], grad_sl
     in (data-parallel training keeps gradients in all-reduce buckets); the saved value is
     copied into it instead of replacing the gradient.
     """
-    params = dict(model.named_parameters())
-    prepared = loadable_gradients(grads, params, type(model).__name__, as_tensor=as_tensor, shape=_shape,
-                                  place=lambda grad, param: grad.detach().to(device=param.device, dtype=param.dtype))
+    params, prepared = module_gradients(
+        model, grads, as_tensor=as_tensor,
+        place=lambda grad, param: grad.detach().to(device=param.device, dtype=param.dtype))
     with flow.no_grad():
         for name, param in params.items():
             value = prepared.get(name)

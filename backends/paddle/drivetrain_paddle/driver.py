@@ -24,9 +24,9 @@ import paddle
 
 from drivetrain.backend import DriverError, ModuleDriver, check_lrs
 
-from . import _rng
+from . import _dataloader, _rng
 from . import state as _state
-from ._dataloader import check_workers_and_tensors, reproducible_dataloader
+from ._dataloader import check_workers_and_tensors
 from ._device import Device, Mover, resolve_device
 from ._dist_plan import DIST_KWARGS
 from .plugin import CAPABILITIES
@@ -71,6 +71,7 @@ class PaddleSingleDriver(ModuleDriver):
     distributed_hint = ("train distributed: device=[0, 1], nproc=N, or start the script with python -m "
                         "paddle.distributed.launch")
     state_ops = _state
+    data_ops = _dataloader
     rng_ops = _rng
     device: Device
 
@@ -183,9 +184,6 @@ class PaddleSingleDriver(ModuleDriver):
         if isinstance(dataloader, paddle.io.DataLoader):
             check_workers_and_tensors(dataloader, argument)
         super().check_dataloader_legality(dataloader, argument)
-
-    def reproducible_dataloader(self, dataloader: Any) -> Any:
-        return reproducible_dataloader(dataloader)
 
     # ---------------------------------------------------------------------- state
     def seed(self, seed: int) -> None:

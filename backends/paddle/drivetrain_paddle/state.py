@@ -35,7 +35,6 @@ from drivetrain.backend import (
     check_optimizer_state,
     dtype_tags,
     file_dtype_tag,
-    gradient_copies,
     group_multipliers,
     listed_names,
     loadable_gradients,
@@ -132,10 +131,9 @@ def tensors_from_bytes(data: bytes) -> dict[str, paddle.Tensor]:
 
 
 # --------------------------------------------------------------------- gradients
-def gradient_state(model: paddle.nn.Layer) -> dict[str, paddle.Tensor]:
-    """Copies of the existing gradients by structured parameter name, on the CPU."""
-    return gradient_copies(model.named_parameters(),
-                           lambda grad: grad.clone() if grad.place.is_cpu_place() else grad.cpu())
+def gradient_copy(grad: paddle.Tensor) -> paddle.Tensor:
+    """A CPU copy of a parameter's gradient (by structured parameter name in the state)."""
+    return grad.clone() if grad.place.is_cpu_place() else grad.cpu()
 
 
 def load_gradient_state(model: paddle.nn.Layer, grads: Mapping[str, Any]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +20,6 @@ import torch
 
 from drivetrain.backend import (
     LAUNCH_OPTION_DOCS,
-    SPAWN_PARENT_ENV,
     DeviceRules,
     DriverError,
     LauncherEnv,
@@ -87,7 +85,7 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
 
     if dist.is_available() and dist.is_initialized():
         return _existing_plan(model, device, nproc, options)
-    launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model, spawned=SPAWN_PARENT_ENV in os.environ)
+    launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model)
     if launch is None:
         return None
     if launch[0] == "spawn" and not dist.is_available():
@@ -126,7 +124,7 @@ def wrapper_layout(model: Any, device: Any, nproc: Any, options: Mapping[str, An
     if dist.is_available() and dist.is_initialized():
         env, backend = existing_group(nproc, options, argument)
         return "existing", DEVICES.default(model) if device is None else device, env, backend
-    launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model, spawned=SPAWN_PARENT_ENV in os.environ)
+    launch = DEVICES.launch(nproc, device, read_launcher_env(TORCHRUN), model)
     if launch is None:
         return "single", device[0] if isinstance(device, (list, tuple)) else device, LauncherEnv(0, 1, 0, 1), None
     return (*launch, None)

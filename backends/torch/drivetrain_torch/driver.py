@@ -16,10 +16,9 @@ import torch
 
 from drivetrain.backend import ModuleDriver, ShardSource
 
-from . import _peft, _rng
+from . import _dataloader, _peft, _rng
 from . import shards as _shards
 from . import state as _state
-from ._dataloader import reproducible_dataloader, reseed_for_epoch
 from ._device import move_to_device, resolve_device
 from .plugin import CAPABILITIES
 from .precision import Precision
@@ -36,26 +35,20 @@ _DISTRIBUTED_ONLY_KWARGS = ("ddp_kwargs", "timeout", "backend", "even_batches", 
 _LOW_PRECISION_FLOATS = (torch.float16, torch.bfloat16)
 
 
-class TorchSingleDriver(ModuleDriver):
+class TorchSingleDriver(ModuleDriver, torch_style="torch"):
     """Drives a ``torch.nn.Module`` in one process on one device (CPU or one CUDA GPU)."""
 
     name = "torch"
     capabilities = CAPABILITIES
     framework = torch
-    module_type, module_name = torch.nn.Module, "torch.nn.Module"
-    optimizer_type, optimizer_name = torch.optim.Optimizer, "torch.optim.Optimizer"
     optimizer_example = "torch.optim.AdamW(model.parameters(), lr=1e-3)"
-    tensor_type = torch.Tensor
-    dataloader_type, dataset_type = torch.utils.data.DataLoader, torch.utils.data.Dataset
-    dataloader_example = "torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True)"
-    tensor_dataloader_example = ("torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.as_tensor(x), "
-                                 "torch.as_tensor(y)), batch_size=32, shuffle=True)")
     accepted_kwargs: Mapping[str, str] = FRAMEWORK_KWARGS
     """The ``torch_kwargs`` keys this driver understands, with what each means."""
     distributed_only_kwargs = _DISTRIBUTED_ONLY_KWARGS
     distributed_hint = "train distributed: device=[0, 1], nproc=N, or start the script with torchrun"
     state_ops = _state
     rng_ops = _rng
+    data_ops = _dataloader
     reads_state_shards = True  # a sharded (FSDP) checkpoint loads here at any world size, DDP or one process
 
     def resolve_device(self, device: Any, model: Any) -> torch.device:
@@ -136,13 +129,6 @@ class TorchSingleDriver(ModuleDriver):
             copied = True
         array = tensor.numpy(force=True)
         return array if copied else array.copy()
-
-    def reproducible_dataloader(self, dataloader: Any) -> Any:
-        return reproducible_dataloader(dataloader)
-
-    def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:
-        super().set_sampler_epoch(dataloader, epoch)
-        reseed_for_epoch(dataloader, epoch)
 
     # ---------------------------------------------------------------------- state
     def load_state_shards(self, source: ShardSource, *, optimizers: bool) -> None:

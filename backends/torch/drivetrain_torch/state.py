@@ -24,9 +24,8 @@ from drivetrain.backend import (
     check_file_tensor,
     dtype_tags,
     file_dtype_tag,
-    gradient_copies,
-    loadable_gradients,
-    loadable_model_state,
+    load_module_state,
+    module_gradients,
     tensor_from,
 )
 from drivetrain.backend import optimizer_state_for_load as _for_load
@@ -48,11 +47,9 @@ def frozen_parameter_names(model: torch.nn.Module) -> set[str]:
 
 def load_model_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
     """Copy ``state`` into ``model``; names and shapes must match exactly (strict)."""
-    tensors = loadable_model_state(
-        state, model.state_dict(), type(model).__name__, as_tensor=as_tensor, shape=_shape,
-        hint="(A state saved from a wrapped model, e.g. with a 'module.' or '_orig_mod.' prefix, "
-        "must be saved from the unwrapped model.)")
-    model.load_state_dict(tensors, strict=True)
+    load_module_state(model, state, as_tensor=as_tensor,
+                      hint="(A state saved from a wrapped model, e.g. with a 'module.' or '_orig_mod.' prefix, "
+                      "must be saved from the unwrapped model.)")
 
 
 def as_tensor(value: Any, where: str) -> torch.Tensor:
@@ -96,12 +93,8 @@ def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
     return safetensors.torch.load(bytes(data))
 
 
-def gradient_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies of the existing gradients by parameter name (CPU so a checkpoint costs no GPU memory)."""
-    return gradient_copies(model.named_parameters(), _host_copy)
-
-
-def _host_copy(grad: torch.Tensor) -> torch.Tensor:
+def gradient_copy(grad: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of a parameter's gradient (CPU so a checkpoint costs no GPU memory)."""
     if grad.layout != torch.strided:
         grad = grad.to_dense()  # safetensors has no sparse layout; loads back as a dense gradient
     return grad.to("cpu", copy=True)
@@ -109,10 +102,9 @@ def _host_copy(grad: torch.Tensor) -> torch.Tensor:
 
 def load_gradient_state(model: torch.nn.Module, grads: Mapping[str, Any]) -> None:
     """Give each named parameter its saved gradient (on the parameter's device and dtype), the others None."""
-    params = dict(model.named_parameters())
-    prepared = loadable_gradients(grads, params, type(model).__name__, as_tensor=as_tensor, shape=_shape,
-                                  place=lambda grad, param: grad.detach().to(device=param.device, dtype=param.dtype,
-                                                                             copy=True))
+    params, prepared = module_gradients(
+        model, grads, as_tensor=as_tensor,
+        place=lambda grad, param: grad.detach().to(device=param.device, dtype=param.dtype, copy=True))
     for name, param in params.items():
         param.grad = prepared.get(name)
 

@@ -14,6 +14,7 @@ compute (no process group is created), so a wrong combination fails in the first
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from .options import (
     one_gpu_for_many,
     processes_wanted,
 )
+from .spawn import SPAWN_PARENT_ENV
 
 LAUNCH_OPTION_DOCS = {
     "even_batches": "bool (default False): True refuses a training set whose last global batch would be "
@@ -172,11 +174,14 @@ class DeviceRules:
             raise one_gpu_for_many(device, nproc, self.names, spawn=True)
 
     def launch(self, nproc: Any, device: Any, env: LauncherEnv | None, model: Any, *,
-               spawned: bool) -> tuple[str, Any, LauncherEnv] | None:
+               spawned: bool | None = None) -> tuple[str, Any, LauncherEnv] | None:
         """``(launch, device, layout)`` of a process outside any process group the user started, or None for one
         process: a launcher (``"env"``) or the Trainer (``"spawned"``) started it as one of several, else it is
         rank 0 of the processes the Trainer starts (``"spawn"``); ``nproc=`` and ``device=`` are checked against it.
+        ``spawned``: whether the Trainer started this process (None: read from the environment it set).
         """
+        if spawned is None:
+            spawned = SPAWN_PARENT_ENV in os.environ
         if env is not None and (env.world_size > 1 or spawned):
             check_launched_layout(nproc, device, env, self.names)
             return "spawned" if spawned else "env", device, env

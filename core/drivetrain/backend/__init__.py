@@ -120,8 +120,10 @@ from ._state_checks import (
     check_rng_state_keys,
     check_state_shape,
     listed_names,
+    load_module_state,
     loadable_gradients,
     loadable_model_state,
+    module_gradients,
     optimizer_state_for_load,
     scaler_state_to_load,
     warn_device_states,
@@ -226,6 +228,8 @@ __all__ = [
     "check_gradient_names",  # load_gradient_state's check: a mapping naming only the model's parameters
     "check_gradient_shape",  # a saved gradient of another shape than its parameter's
     "loadable_model_state",  # load_model_state's checks over a whole state, tensors converted and cast
+    "load_module_state",  # load_model_state for torch-style modules: loadable_model_state, then load_state_dict(strict)
+    "module_gradients",  # load_gradient_state for torch-style modules: parameters by name and checked gradients
     "loadable_gradients",  # load_gradient_state's checks over all saved gradients, each placed as its parameter needs
     "optimizer_state_for_load",  # an index-keyed optimizer state_dict with int keys again, checked against its groups
     "optimizer_state_by_name",  # an index-keyed optimizer state keyed by parameter name (sharded engines, files)

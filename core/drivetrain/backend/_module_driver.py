@@ -21,6 +21,7 @@ import numpy as np
 from .._common import DriverError, bool_option
 from ._checks import check_framework_kwargs, check_lrs, check_model_type
 from ._driver import Driver
+from ._state_codec import gradient_copies
 
 NULL_CONTEXT = contextlib.nullcontext()
 """One shared no-op context (``auto_cast`` in full precision), so the hot path allocates none."""
@@ -73,7 +74,8 @@ class ModuleDriver(Driver):
       user who passes the data itself as ``train_dataloader``).
     - ``state_ops``: the backend's state module, with ``model_state(model)``,
       ``load_model_state(model, state)``, ``frozen_parameter_names(model)`` (optional), ``tensor_buffer(tensor)``,
-      ``tensors_from_bytes(data)``, ``gradient_state(model)``,
+      ``tensors_from_bytes(data)``, ``gradient_copy(grad)`` (a parameter's gradient copied to the host, or None
+      to leave it out; or ``gradient_state(model)`` for a model without torch's ``named_parameters``),
       ``load_gradient_state(model, grads)`` and ``optimizer_state_for_load(state, where)``; or, for a
       backend that keys optimizer state by parameter name itself, ``optimizer_state(model, optimizer, where)``
       and ``load_optimizer_state(model, optimizer, state, where)``.
@@ -81,6 +83,12 @@ class ModuleDriver(Driver):
       a state of other parameter groups (reported with the fix).
     - ``rng_ops``: the backend's RNG module, with ``rng_state()`` and ``load_rng_state(state)``
       (or override :meth:`rng_state` / :meth:`load_rng_state`).
+    - ``data_ops``: the backend's dataloader module, with ``reproducible_dataloader(dataloader)`` and, optionally,
+      ``reseed_for_epoch(dataloader, epoch)`` (or override :meth:`reproducible_dataloader`).
+
+    A framework with torch's API (``nn.Module``, ``optim.Optimizer``, ``utils.data.DataLoader``) can name its
+    classes and examples in one keyword: ``class MyDriver(ModuleDriver, torch_style="oneflow")`` sets, from
+    ``framework``, every class attribute above the class body does not set itself.
     - ``not_here_kwargs``: ``{option: why it does not apply here}`` for other options refused with a hint.
 
     Attributes :meth:`configure` may set: ``_precision`` (an object with ``autocast()``, ``state()``
@@ -123,8 +131,16 @@ class ModuleDriver(Driver):
     state_ops: Any = None
     optimizer_load_errors: tuple[type[BaseException], ...] = (ValueError,)
     rng_ops: Any = None
+    data_ops: Any = None
     _precision: Any = None
     grad_scaler: Any = None
+
+    def __init_subclass__(cls, torch_style: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if torch_style is not None:
+            for key, value in _torch_style_attributes(cls.framework, torch_style).items():
+                if key not in cls.__dict__:
+                    setattr(cls, key, value)
 
     modules_walk = "named_modules"
     """The model's method listing ``(path, submodule)`` pairs (paddle's is ``named_sublayers``)."""
@@ -332,8 +348,15 @@ class ModuleDriver(Driver):
         super().check_dataloader_legality(dataloader, argument)
 
     def reproducible_dataloader(self, dataloader: Any) -> Any:
-        """(framework) ``dataloader`` with a :class:`~drivetrain.ReproducibleBatchSampler`, or as is."""
-        return dataloader
+        """(framework) ``dataloader`` with a :class:`~drivetrain.ReproducibleBatchSampler`, or as is
+        (``data_ops.reproducible_dataloader`` where the backend names its dataloader module)."""
+        return dataloader if self.data_ops is None else self.data_ops.reproducible_dataloader(dataloader)
+
+    def set_sampler_epoch(self, dataloader: Any, epoch: int) -> None:
+        super().set_sampler_epoch(dataloader, epoch)
+        reseed = getattr(self.data_ops, "reseed_for_epoch", None)
+        if reseed is not None:
+            reseed(dataloader, epoch)
 
     def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
         """A dataloader that resumes sample-exactly when ``reproducible``; sharding (``dist``) is the distributed
@@ -372,7 +395,13 @@ class ModuleDriver(Driver):
         return dict(self.state_ops.tensors_from_bytes(data))
 
     def gradient_state(self) -> dict[str, Any]:
-        return dict(self.state_ops.gradient_state(self.unwrap_model()))
+        """``gradient_copies`` of the model's ``named_parameters`` with ``state_ops.gradient_copy(grad)`` (a host
+        copy, or None to leave a gradient out) where the state module has it, else ``state_ops.gradient_state``."""
+        model = self.unwrap_model()
+        copy = getattr(self.state_ops, "gradient_copy", None)
+        if copy is not None:
+            return gradient_copies(model.named_parameters(), copy)
+        return dict(self.state_ops.gradient_state(model))
 
     def load_gradient_state(self, grads: Mapping[str, Any]) -> None:
         self.state_ops.load_gradient_state(self.unwrap_model(), grads)
@@ -430,3 +459,20 @@ class ModuleDriver(Driver):
         precision = self.precision if self._precision is None else self._precision.describe()
         return (f"{self.name} driver ({type(self).__qualname__}) device={self.device} precision={precision} "
                 f"{self.name}={self.framework_version()}")
+
+
+def _torch_style_attributes(framework: ModuleType, prefix: str) -> dict[str, Any]:
+    """The classes and message examples of a framework with torch's API, ``prefix`` its import name."""
+    data = framework.utils.data  # type: ignore[attr-defined]
+    return {
+        "module_type": framework.nn.Module, "module_name": f"{prefix}.nn.Module",  # type: ignore[attr-defined]
+        "optimizer_type": framework.optim.Optimizer,  # type: ignore[attr-defined]
+        "optimizer_name": f"{prefix}.optim.Optimizer",
+        "tensor_type": framework.Tensor,  # type: ignore[attr-defined]
+        "dataloader_type": data.DataLoader, "dataset_type": data.Dataset,
+        "loss_example": f"{prefix}.nn.functional.cross_entropy(outputs, batch['label'])",
+        "to_tensor_example": f"{prefix}.as_tensor(array)",
+        "dataloader_example": f"{prefix}.utils.data.DataLoader(dataset, batch_size=32, shuffle=True)",
+        "tensor_dataloader_example": (f"{prefix}.utils.data.DataLoader({prefix}.utils.data.TensorDataset("
+                                      f"{prefix}.as_tensor(x), {prefix}.as_tensor(y)), batch_size=32, shuffle=True)"),
+    }

@@ -123,6 +123,27 @@ def loadable_model_state(
     return prepared
 
 
+def load_module_state(model: Any, state: Any, *, as_tensor: Callable[[Any, str], Any],
+                      cast: Callable[[Any, Any], Any] | None = None, hint: str = "") -> None:
+    """``model.load_state_dict`` of ``state`` checked by :func:`loadable_model_state` (names, shapes), strict.
+
+    For a framework whose modules have torch's ``state_dict``/``load_state_dict(strict=)`` (torch, oneflow):
+    the copy goes into the model's existing tensors, so optimizers built on them stay valid.
+    """
+    prepared = loadable_model_state(state, model.state_dict(), type(model).__name__, as_tensor=as_tensor,
+                                    shape=lambda tensor: tuple(tensor.shape), cast=cast, hint=hint)
+    model.load_state_dict(prepared, strict=True)
+
+
+def module_gradients(model: Any, grads: Any, *, as_tensor: Callable[[Any, str], Any],
+                     place: Callable[[Any, Any], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A torch-style module's parameters by name and ``grads`` checked against them by
+    :func:`loadable_gradients` (each shape taken as ``tuple(tensor.shape)``): ``(parameters, gradients)``."""
+    params = dict(model.named_parameters())
+    return params, loadable_gradients(grads, params, type(model).__name__, as_tensor=as_tensor,
+                                      shape=lambda tensor: tuple(tensor.shape), place=place)
+
+
 def loadable_gradients(
     grads: Any,
     parameters: Mapping[str, Any],
