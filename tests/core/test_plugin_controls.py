@@ -244,7 +244,7 @@ def test_check_prints_a_table_and_names_the_broken_rule():
     text = out.getvalue()
     assert "optimisation  FAIL    4/5" in text, text
     assert "data          PASS    2/2" in text
-    assert "FAILED backward_step_zero_grad: [optimisation] backward + step change the parameters; zero_grad " \
+    assert "FAILED backward_step_zero_grad: [optimisation] forward_backward + step change the parameters; zero_grad " \
            "clears the gradients" in text
     assert "step() right after zero_grad() moved the parameters" in text
 
@@ -282,7 +282,7 @@ def test_a_waived_check_is_not_run_and_is_reported_with_its_reason():
     code, text = _check_with_kit("waiving_kit")
     assert code == 0, text
     assert "optimisation  PASS    4/4" in text, text
-    assert "WAIVED backward_step_zero_grad ([optimisation] backward + step change the parameters" in text
+    assert "WAIVED backward_step_zero_grad ([optimisation] forward_backward + step change the parameters" in text
     assert "this driver keeps gradients on purpose" in text
     assert "21/21 checks passed, 1 waived by the kit" in text  # discovery too: it claims no model, like an engine
 
