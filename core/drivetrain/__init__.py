@@ -11,6 +11,7 @@ from ._callbacks import (
     EarlyStopCallback,
     Event,
     LRSchedulerCallback,
+    PreemptionCallback,
     WarmupSchedule,
     rank_zero_only,
 )
@@ -24,6 +25,7 @@ from ._common import (
     DrivetrainError,
     EarlyStopException,
     PluginLoadError,
+    Preempted,
     TrainingTerminated,
     __version__,
 )
@@ -64,7 +66,9 @@ __all__ = [
     "DriverSpec",
     "DrivetrainError",
     "EarlyStopCallback",
+    "PreemptionCallback",
     "EarlyStopException",
+    "Preempted",
     "TrainingTerminated",
     "Evaluator",
     "Event",

@@ -35,6 +35,7 @@ from drivetrain.backend import (
     check_layout_arguments,
     plan_options,
     read_launcher_env,
+    torchrun_variables,
     wrapper_options,
 )
 from drivetrain.backend import DistPlan as CoreDistPlan
@@ -55,7 +56,8 @@ _LAUNCH_HINT = ("Start every process with python -m oneflow.distributed.launch -
                 "sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT before oneflow is imported")
 ONEFLOW_LAUNCH = LauncherVars(rank="RANK", world_size="WORLD_SIZE", local_rank=("LOCAL_RANK",),
                               local_world_size="LOCAL_WORLD_SIZE", hint=_LAUNCH_HINT,
-                              start="python -m oneflow.distributed.launch --nproc_per_node {n} train.py")
+                              start="python -m oneflow.distributed.launch --nproc_per_node {n} train.py",
+                              from_slurm=torchrun_variables)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ from drivetrain.backend import (
     DriverError,
     LauncherEnv,
     LauncherVars,
+    SlurmStep,
     bool_option,
     check_layout_arguments,
     check_process_count,
@@ -75,12 +76,27 @@ _PADDLE_SHARDING_REASON = "group_sharded_parallel only support gpu, xpu and cust
 LAUNCH_COMMAND = "python -m paddle.distributed.launch --nproc_per_node N --log_dir /tmp/paddle-logs train.py"
 LAUNCH_HINT = (f"Start every process with paddle's launcher ({LAUNCH_COMMAND}), which sets PADDLE_TRAINER_ID, "
                "PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ENDPOINTS and PADDLE_CURRENT_ENDPOINT")
+def slurm_variables(step: SlurmStep) -> dict[str, str]:
+    """paddle's launcher variables for a task of ``srun -n N``: the store on the first node at the step's port,
+    each task's endpoint on its node at the ports after it."""
+    port = step.master_port
+    endpoints = [f"{step.host_of(rank)}:{port + 1 + rank}" for rank in range(step.world_size)]
+    return {
+        "PADDLE_TRAINER_ID": str(step.rank), "PADDLE_TRAINERS_NUM": str(step.world_size),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints), "PADDLE_CURRENT_ENDPOINT": endpoints[step.rank],
+        "PADDLE_MASTER": f"{step.master_addr}:{port}", "PADDLE_LOCAL_RANK": str(step.local_rank),
+        "PADDLE_RANK_IN_NODE": str(step.local_rank), "PADDLE_LOCAL_SIZE": str(step.local_world_size),
+        "PADDLE_GLOBAL_RANK": str(step.rank), "PADDLE_GLOBAL_SIZE": str(step.world_size),
+        "PADDLE_NNODES": str(len(step.hosts)),
+    }
+
+
 PADDLE_LAUNCH = LauncherVars(
     rank="PADDLE_TRAINER_ID", world_size="PADDLE_TRAINERS_NUM", local_rank=("PADDLE_LOCAL_RANK", "PADDLE_RANK_IN_NODE"),
     local_world_size="PADDLE_LOCAL_SIZE", hint=LAUNCH_HINT,
     start="python -m paddle.distributed.launch --nproc_per_node {n} train.py",
     needed_when_many=("PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT"), rank_word="the id",
-    local_rank_word="the local rank", gpu="gpu",
+    local_rank_word="the local rank", gpu="gpu", from_slurm=slurm_variables,
 )
 
 

@@ -33,6 +33,7 @@ from drivetrain.backend import (
     process_group_backend,
     read_launcher_env,
     refuse_late_options,
+    torchrun_variables,
     wrapper_options,
 )
 from drivetrain.backend import DistPlan as _CorePlan
@@ -55,7 +56,8 @@ _TORCHRUN_HINT = ("Start every process with torchrun (torchrun --nproc_per_node 
                   "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
 TORCHRUN = LauncherVars(rank="RANK", world_size="WORLD_SIZE", local_rank=("LOCAL_RANK",),
                         local_world_size="LOCAL_WORLD_SIZE", hint=_TORCHRUN_HINT,
-                        start="torchrun --nproc_per_node {n} train.py", needed_when_many=("MASTER_ADDR", "MASTER_PORT"))
+                        start="torchrun --nproc_per_node {n} train.py", needed_when_many=("MASTER_ADDR", "MASTER_PORT"),
+                        from_slurm=torchrun_variables)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

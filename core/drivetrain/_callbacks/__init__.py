@@ -8,13 +8,14 @@ from .early_stop import EarlyStopCallback
 from .events import Event, check_handler_signature
 from .lr_scheduler import LRSchedulerCallback
 from .monitor import find_monitor_value, validate_monitor
+from .preemption import PreemptionCallback, preemption_for
 from .schedule import WarmupSchedule
 
-__all__ = [
+__all__ = ["PreemptionCallback", "preemption_for",
     "Callback", "CallbackError", "CallbackManager", "CheckpointCallback", "EarlyStopCallback", "Event",
     "LRSchedulerCallback", "WarmupSchedule", "best_checkpoint", "check_handler_signature",
     "find_monitor_value", "load_best_model", "normalise_callbacks", "rank_zero_only", "validate_monitor"
 ]
 
-for _public in (CheckpointCallback, EarlyStopCallback, LRSchedulerCallback, WarmupSchedule):
+for _public in (CheckpointCallback, EarlyStopCallback, LRSchedulerCallback, PreemptionCallback, WarmupSchedule):
     check_keywords(_public)  # CheckpointCallback(every_n_epoch=1): "did you mean every_n_epochs=?"

@@ -216,6 +216,11 @@ class CheckpointCallback(Callback):
         self._best: list[tuple[str, float]] = []  # top-k (name, value), best first
         self._timer = _Timer()  # every_n_seconds: when the last periodic save was written, and when to check
 
+    def request_save(self) -> None:
+        """Make a periodic save due now: it is written where this step is complete (at the latest when training
+        ends), as if a count had been reached (``PreemptionCallback`` asks for one when ``save_last=False``)."""
+        self._due.periodic = True
+
     @property
     def callback_name(self) -> str:
         """Includes the folder's name, so a periodic and a best-model callback can be used together."""

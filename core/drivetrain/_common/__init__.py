@@ -11,6 +11,7 @@ from .errors import (
     DrivetrainError,
     EarlyStopException,
     PluginLoadError,
+    Preempted,
     TrainingTerminated,
 )
 from .log import check_log_level, configure, ignore_framework_log_format, logger
@@ -31,7 +32,7 @@ from .version import __version__
 
 __all__ = [
     "BatchMismatchError", "ConfigurationError", "DistributedError", "DriverError", "DriverNotFoundError",
-    "DrivetrainError", "EarlyStopException", "MissingAttribute", "PRECISIONS", "PluginLoadError",
+    "DrivetrainError", "EarlyStopException", "Preempted", "MissingAttribute", "PRECISIONS", "PluginLoadError",
     "TrainingTerminated", "__version__", "atomic_write", "bool_option", "check_int", "check_keywords",
     "check_log_level", "check_optional_callable", "close_matches", "configure", "did_you_mean", "fsync_dir",
     "ignore_framework_log_format", "logger", "parameter_names", "public_name", "resolve_precision",

@@ -36,6 +36,12 @@ class EarlyStopException(DrivetrainError):
     """Raised by a callback to end training cleanly; the Trainer catches it."""
 
 
+class Preempted(EarlyStopException):
+    """Raised on every rank at the same step when the cluster asked the run to stop (Slurm's preemption or time
+    limit signal, see ``PreemptionCallback``): training ends cleanly, its checkpoint resumes it exactly, and the
+    run is not over (its records say ``preempted``)."""
+
+
 class TrainingTerminated(SystemExit):
     """``Trainer.run()`` received SIGTERM (what SLURM, Kubernetes and ``kill`` send before killing).
 

@@ -41,6 +41,15 @@ from .options import (
     timeout_option,
 )
 from .sharded_engine import ShardedEngineMixin
+from .slurm import (
+    SlurmStep,
+    check_not_batch_shell,
+    check_slurm_world,
+    expand_hostlist,
+    expand_tasks_per_node,
+    slurm_step,
+    torchrun_variables,
+)
 from .spawn import (
     LOCALHOST,
     READY_KEY,
@@ -65,11 +74,13 @@ __all__ = [
     "COMM_ERROR_MARKERS", "CheckedStore", "CollectiveGuard", "DataSharding", "DeviceRules", "DeviceSlot",
     "DistPlan", "DistributedDriverMixin", "FailureBoard", "FolderStore", "LAUNCH_OPTION_DOCS", "LOCALHOST",
     "Launcher", "LauncherEnv", "LauncherVars", "READY_KEY", "SPAWN_PARENT_ENV", "ShardedEngineMixin",
-    "ThreadStore", "Watchdog", "broadcast_pickled", "check_distinct_devices", "check_enough_gpus",
-    "check_launched_layout", "check_layout_arguments", "check_process_count", "choice_option",
-    "die_with_parent", "end_process", "env_address", "env_int", "env_master", "exception_summary",
-    "exit_description", "flat_buckets", "free_ports", "gather_pickled", "local_launch_env", "loopback_env",
-    "one_gpu_for_many", "plan_options", "process_group_backend", "processes_wanted", "pump_output",
-    "read_launcher_env", "reduce_gathered", "reducible_array", "refuse_late_options", "relaunch_command",
-    "settle_at_exit", "spawn_request", "startup_patience", "timeout_option", "wrapper_options"
+    "SlurmStep", "ThreadStore", "Watchdog", "broadcast_pickled", "check_distinct_devices",
+    "check_enough_gpus", "check_launched_layout", "check_layout_arguments", "check_not_batch_shell",
+    "check_process_count", "check_slurm_world", "choice_option", "die_with_parent", "end_process",
+    "env_address", "env_int", "env_master", "exception_summary", "exit_description", "expand_hostlist",
+    "expand_tasks_per_node", "flat_buckets", "free_ports", "gather_pickled", "local_launch_env",
+    "loopback_env", "one_gpu_for_many", "plan_options", "process_group_backend", "processes_wanted",
+    "pump_output", "read_launcher_env", "reduce_gathered", "reducible_array", "refuse_late_options",
+    "relaunch_command", "settle_at_exit", "slurm_step", "spawn_request", "startup_patience",
+    "timeout_option", "torchrun_variables", "wrapper_options"
 ]

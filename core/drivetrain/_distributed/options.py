@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._common import DriverError, bool_option
+from .slurm import SlurmStep, slurm_step
 
 LAUNCHES = ("existing", "env", "spawned", "spawn")
 SPAWN_OUTPUTS = ("inherit", "prefix")
@@ -152,6 +153,9 @@ class LauncherVars:
     rank_word: str = ""
     local_rank_word: str = ""
     gpu: str = "cuda"
+    from_slurm: Callable[[SlurmStep], Mapping[str, str]] | None = None
+    """This launcher's variables for a task of a Slurm step (``srun -n N``), set when none of them is: the
+    step's tasks then form one run. None: this backend cannot take its layout from Slurm (refused)."""
 
     def words(self) -> tuple[str, str]:
         """(rank word, local rank word) used in messages."""
@@ -172,7 +176,10 @@ def read_launcher_env(names: LauncherVars) -> LauncherEnv | None:
     """The launcher's variables of this process, checked; None when neither rank nor world size is set."""
     rank_var, world_var, hint = names.rank, names.world_size, names.hint
     if rank_var not in os.environ and world_var not in os.environ:
-        return None
+        step = slurm_step()
+        if step is None or names.from_slurm is None:
+            return None  # a step this backend cannot join is refused when the driver is built (check_slurm_world)
+        os.environ.update(names.from_slurm(step))
     missing = [name for name in (rank_var, world_var) if name not in os.environ]
     if missing:
         present = rank_var if rank_var in os.environ else world_var

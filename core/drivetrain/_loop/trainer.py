@@ -16,12 +16,21 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
-from .._callbacks import Callback, CallbackManager, Event, find_monitor_value, normalise_callbacks
+from .._callbacks import (
+    Callback,
+    CallbackManager,
+    Event,
+    PreemptionCallback,
+    find_monitor_value,
+    normalise_callbacks,
+    preemption_for,
+)
 from .._checkpoint import TrainerState, load_trainer, load_weights_into, save_model, save_trainer
 from .._common import (
     ConfigurationError,
     EarlyStopException,
     MissingAttribute,
+    Preempted,
     check_int,
     check_log_level,
     logger,
@@ -298,13 +307,20 @@ class Trainer:
                          recorder: HistoryRecorder) -> None:
         self.callback_manager = CallbackManager(is_global_zero=self.driver.is_global_zero)
         self._history_recorder = recorder
+        # a PreemptionCallback goes last: it stops after every other callback saw the batch, and requeues after
+        # the checkpoint is written (the Trainer adds one under Slurm, see preemption_for)
+        preemption = [cb for cb in callbacks if isinstance(cb, PreemptionCallback)] or \
+            [cb for cb in [preemption_for(callbacks)] if cb is not None]
         for cb in callbacks:
-            self.callback_manager.add_callback(cb)
+            if not isinstance(cb, PreemptionCallback):
+                self.callback_manager.add_callback(cb)
         if progress is not None:
             self.callback_manager.add_callback(progress)
         self.callback_manager.add_callback(recorder)  # a save waits for every callback of its step
         for event, fn in self._take_registered_fns(marker):
             self.callback_manager.add_fn(event, fn, where="Trainer.on")
+        for cb in preemption:
+            self.callback_manager.add_callback(cb)
         self._handlers = self.callback_manager.handlers
         self._progress = progress
 
@@ -521,6 +537,8 @@ class Trainer:
                 if self._evaluate_every_epochs and self.cur_epoch_idx % self._evaluate_every_epochs == 0:
                     self._evaluate()
             self._ended = "finished"
+        except Preempted as exc:  # the run goes on elsewhere: its checkpoints must not say it ended
+            self.fire("on_exception", exc)
         except EarlyStopException as exc:
             self._ended = "early_stopped"
             self.fire("on_exception", exc)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._callbacks import Callback
-from .._common import EarlyStopException, TrainingTerminated
+from .._common import EarlyStopException, Preempted, TrainingTerminated
 from .._common import logger as log
 from .._data import epoch_of_last_step
 from .._mapping import loss_of
@@ -145,7 +145,7 @@ class RunRecorder(HistoryRecorder):
 
     def on_exception(self, trainer: Any, exception: BaseException) -> None:
         stopped = isinstance(exception, (EarlyStopException, KeyboardInterrupt, TrainingTerminated))
-        self._status = "stopped" if stopped else "failed"
+        self._status = "preempted" if isinstance(exception, Preempted) else "stopped" if stopped else "failed"
         self._alone = not isinstance(exception, EarlyStopException)  # an early stop is a normal end on every rank
 
     # ------------------------------------------------------------------- hot path
@@ -261,8 +261,12 @@ def _driver_facts(trainer: Any) -> dict[str, Any]:
     from .._common import __version__
 
     driver = trainer.driver
-    return {"driver": driver.describe(), "world_size": driver.world_size, "precision": driver.precision,
-            "drivetrain": __version__}
+    facts = {"driver": driver.describe(), "world_size": driver.world_size, "precision": driver.precision,
+             "drivetrain": __version__}
+    if os.environ.get("SLURM_JOB_ID"):  # which job, and how many times Slurm requeued it
+        facts.update(slurm_job_id=os.environ["SLURM_JOB_ID"],
+                     slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+    return facts
 
 
 def _leading_size(batch: Any) -> int:

@@ -37,6 +37,7 @@ from .._distributed import (
     LauncherEnv,
     LauncherVars,
     ShardedEngineMixin,
+    SlurmStep,
     ThreadStore,
     Watchdog,
     check_launched_layout,
@@ -60,7 +61,9 @@ from .._distributed import (
     refuse_late_options,
     relaunch_command,
     settle_at_exit,
+    slurm_step,
     startup_patience,
+    torchrun_variables,
     wrapper_options,
 )
 from .._format import (
@@ -175,6 +178,9 @@ __all__ = [
     "one_gpu_for_many",  # the error for device= naming one GPU for several processes
     "plan_options",  # timeout, even_batches and spawn_output of a backend's options, checked
     "read_launcher_env",  # a launcher's rank/world/local variables, checked (None when not launched)
+    "SlurmStep",  # this task's place in a Slurm step of several tasks (srun -n N): ranks, nodes, the master
+    "slurm_step",  # the SlurmStep of this process, or None (not under srun, or a step of one task)
+    "torchrun_variables",  # a SlurmStep as torchrun's variables: LauncherVars(from_slurm=...) for torch-style
     "reduce_gathered",  # all_reduce of gathered arrays in numpy, in rank order
     "flat_buckets",  # gradients grouped by dtype in runs of bounded size, one flat all-reduce each
     "settle_at_exit",  # a short pause at exit so gloo's threads finish before the interpreter does

@@ -24,6 +24,7 @@ from typing import Any
 import pluggy
 
 from .._common import ConfigurationError, DriverNotFoundError, PluginLoadError, __version__, did_you_mean
+from .._distributed import check_not_batch_shell, check_slurm_world
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._weight_layout import NEUTRAL, WeightLayout
 
@@ -559,4 +560,8 @@ def build_driver(driver: Any, model: Any, device: Any, **options: Any) -> Driver
         raise ConfigurationError(
             f"driver={driver!r} is not accepted; pass a driver name ('torch', 'paddle', ...), 'auto', or a Driver."
         )
-    return create_driver(driver, model, device, **options)
+    nproc = options.get("nproc")
+    check_not_batch_shell(nproc)
+    built = create_driver(driver, model, device, **options)
+    check_slurm_world(built.name, built.world_size, nproc)
+    return built

@@ -1,0 +1,179 @@
+"""Processes started by Slurm's ``srun``: each task's place in the run, read from Slurm's variables.
+
+``srun -n 2 python train.py`` starts two processes that know only Slurm's variables (``SLURM_PROCID``,
+``SLURM_NTASKS``, ``SLURM_STEP_NODELIST``...). A backend whose launcher variables are absent takes its rank
+from them (:func:`slurm_step`, then its ``LauncherVars.from_slurm``), so the tasks form one run instead of
+N independent ones. A framework launcher started by srun (``srun -n 1 torchrun ...``) sets its own variables,
+which win. The shell of ``sbatch`` or ``salloc`` is not a step: its ``SLURM_NTASKS`` counts tasks that
+``srun`` would start, so a process run there directly trains alone (:func:`check_not_batch_shell`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from .._common import DriverError
+
+PORT_BASE, PORT_SPAN = 20000, 20000
+"""A step's rendezvous port, unless ``MASTER_PORT`` names one: ``PORT_BASE + job id % PORT_SPAN``, so two jobs
+sharing a node rarely collide and every task of one job computes the same port."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmStep:
+    """This task's place in a Slurm job step of several tasks."""
+
+    job_id: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    hosts: tuple[str, ...]
+    """The step's nodes in order (``SLURM_STEP_NODELIST`` expanded)."""
+    tasks_per_node: tuple[int, ...]
+    restart_count: int
+
+    @property
+    def master_addr(self) -> str:
+        """The first node of the step: where rank 0 runs (Slurm places tasks in node order)."""
+        return self.hosts[0]
+
+    @property
+    def master_port(self) -> int:
+        """``MASTER_PORT`` if set, else a port derived from the job id (the same on every task)."""
+        given = os.environ.get("MASTER_PORT")
+        return int(given) if given else PORT_BASE + self.job_id % PORT_SPAN
+
+    def host_of(self, rank: int) -> str:
+        """The node of task ``rank`` (Slurm's default block distribution: the first node's tasks first)."""
+        for host, count in zip(self.hosts, self.tasks_per_node, strict=False):
+            if rank < count:
+                return host
+            rank -= count
+        raise DriverError(f"rank {rank} is beyond the tasks of this Slurm step ({self.tasks_per_node}).")
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list as names: ``"node[01-03,07],gpu1"`` -> node01, node02, node03, node07, gpu1."""
+    hosts: list[str] = []
+    for item in _split_top_level(text.strip()):
+        hosts.extend(_expand_item(item))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += char == "["
+        depth -= char == "]"
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [part for part in parts if part]
+
+
+def _expand_item(item: str) -> list[str]:
+    match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", item)
+    if match is None:
+        return [item]
+    prefix, ranges, rest = match.groups()
+    names = []
+    for piece in ranges.split(","):
+        low, _, high = piece.partition("-")
+        width = len(low)
+        for number in range(int(low), int(high or low) + 1):
+            names.append(f"{prefix}{number:0{width}d}")
+    return [name + tail for name in names for tail in _expand_item(rest) or [""]] if rest else names
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """``SLURM_STEP_TASKS_PER_NODE`` as one count per node: ``"2(x3),1"`` -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for piece in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", piece)
+        if match is None:
+            raise DriverError(f"SLURM_STEP_TASKS_PER_NODE={text!r} is not Slurm's 'N(xM),K' form.")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def _int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise DriverError(f"{name} is not set, although this process runs in a Slurm step (SLURM_STEP_ID is).")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise DriverError(f"{name}={value!r} is not an integer; Slurm sets it to one.") from None
+
+
+def slurm_step() -> SlurmStep | None:
+    """This process's place in a Slurm step of several tasks (``srun -n N``), or None: not under Slurm, in the
+    batch shell, or a step of one task."""
+    if "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" not in os.environ:
+        return None
+    world = _int("SLURM_STEP_NUM_TASKS", _int("SLURM_NTASKS", 1))
+    if world <= 1:
+        return None
+    hosts = expand_hostlist(os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_NODELIST", ""))
+    counts = expand_tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE")
+                                   or os.environ.get("SLURM_TASKS_PER_NODE", str(world)))
+    node = _int("SLURM_NODEID", 0)
+    if not hosts or len(counts) != len(hosts) or sum(counts) != world or not 0 <= node < len(hosts):
+        raise DriverError(
+            f"the Slurm variables disagree: {world} task(s) (SLURM_STEP_NUM_TASKS), nodes {hosts} "
+            f"(SLURM_STEP_NODELIST), tasks per node {counts}, this node {node}; start the step with srun.")
+    rank = _int("SLURM_PROCID")
+    local = _int("SLURM_LOCALID", 0)
+    if not 0 <= rank < world or not 0 <= local < counts[node]:
+        raise DriverError(f"SLURM_PROCID={rank}, SLURM_LOCALID={local} do not fit a step of {world} task(s) with "
+                          f"{counts[node]} on this node.")
+    return SlurmStep(int(os.environ["SLURM_JOB_ID"]), rank, world, local, counts[node], node, tuple(hosts),
+                     tuple(counts), _int("SLURM_RESTART_COUNT", 0))
+
+
+def torchrun_variables(step: SlurmStep) -> dict[str, str]:
+    """The variables ``torchrun`` would set for this task (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): the launcher names torch and oneflow read."""
+    return {"RANK": str(step.rank), "WORLD_SIZE": str(step.world_size), "LOCAL_RANK": str(step.local_rank),
+            "LOCAL_WORLD_SIZE": str(step.local_world_size), "MASTER_ADDR": step.master_addr,
+            "MASTER_PORT": str(step.master_port), "GROUP_RANK": str(step.node_rank)}
+
+
+def check_not_batch_shell(nproc: object) -> None:
+    """Refuse a run started directly in the shell of a job of several tasks (``sbatch -n 2`` without ``srun``):
+    its ``SLURM_NTASKS`` asks for processes that nothing starts. ``nproc=`` (the Trainer starts them) is fine."""
+    if nproc is not None or "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" in os.environ:
+        return
+    tasks = os.environ.get("SLURM_NTASKS", "1")
+    if tasks.isdigit() and int(tasks) > 1:
+        raise DriverError(
+            f"this process runs in the shell of Slurm job {os.environ['SLURM_JOB_ID']}, which has "
+            f"SLURM_NTASKS={tasks}, but srun did not start it, so it would train alone. Start the tasks with "
+            "srun (srun python train.py), or pass nproc= to have the Trainer start the processes of this node.")
+
+
+def check_slurm_world(driver_name: str, world_size: int, nproc: object) -> None:
+    """Never N independent runs under ``srun -n N``: a driver built in a Slurm step of several tasks must be
+    one of those tasks' run (``world_size`` equal to the step's, or a framework launcher's own larger one)."""
+    step = slurm_step()
+    if step is None:
+        return
+    if nproc is not None:
+        raise DriverError(
+            f"nproc={nproc!r} in task {step.rank} of a Slurm step of {step.world_size} tasks: every task would start "
+            f"its own {nproc} processes as a run of its own. Let srun start them all (srun -n "
+            f"{step.world_size * nproc if isinstance(nproc, int) else 'N'} python train.py, without nproc=), or run "
+            "one task per node (srun -N <nodes> --ntasks-per-node 1) with a framework launcher such as torchrun.")
+    if world_size == 1:
+        raise DriverError(
+            f"this process is task {step.rank} of a Slurm step of {step.world_size} tasks (SLURM_PROCID, "
+            f"SLURM_NTASKS), but the {driver_name!r} driver runs it as a process of its own: the tasks would "
+            f"train {step.world_size} independent copies. Use the driver's distributed form under srun (see "
+            "docs/clusters.md), start one task (srun -n 1), or start the framework's launcher with srun.")
