@@ -34,6 +34,8 @@ from .conftest import drivetrain_numpy, make_regression
 
 T_LAYOUT = WeightLayout(rules=(TensorRule("weight", transpose=True, modules=("linearmodel",)),
                                TensorRule("offset", neutral="bias")))
+HWIO_LIKE = WeightLayout(rules=(TensorRule("kernel", neutral="weight", permute=(2, 3, 1, 0), modules=("Conv",)),))
+"""flax's convolution kernels: [h, w, in, out] where the neutral (torch) layout has [out, in, h, w]."""
 PADDLE_LIKE = WeightLayout(rules=(TensorRule("weight", transpose=True, modules=("Linear",)),
                                   TensorRule("_mean", neutral="running_mean"),
                                   TensorRule("_variance", neutral="running_var")), lacks=("num_batches_tracked",))
@@ -68,7 +70,9 @@ class _Plugin:
                 DriverSpec(name="bn_counting", framework="numpy", factory=f"{__name__}:create_transposed",
                            contract_versions=(1,)),
                 DriverSpec(name="bn_plain", framework="numpy", factory=f"{__name__}:create_transposed",
-                           contract_versions=(1,), weight_layout=WeightLayout(lacks=("num_batches_tracked",)))]
+                           contract_versions=(1,), weight_layout=WeightLayout(lacks=("num_batches_tracked",))),
+                DriverSpec(name="hwio_like", framework="numpy", factory=f"{__name__}:create_transposed",
+                           contract_versions=(1,), weight_layout=HWIO_LIKE)]
 
 
 @pytest.fixture(autouse=True)
@@ -268,6 +272,33 @@ def test_a_transpose_moves_any_dtype_bit_exactly(tmp_path):
     np.testing.assert_array_equal(body, raw.T)
 
 
+def _tensor_file(path: str, name: str, tag: str, raw: np.ndarray, driver: str, layout: WeightLayout,
+                 classes: dict) -> None:
+    """A safetensors file of one tensor as driver ``driver`` writes it (its layout and module classes recorded)."""
+    header = json.dumps({name: {"dtype": tag, "shape": list(raw.shape), "data_offsets": [0, raw.nbytes]},
+                         "__metadata__": {"drivetrain_driver": driver, "weight_layout": json.dumps(layout.to_json()),
+                                          "module_classes": json.dumps(classes)}}).encode()
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header + raw.tobytes())
+
+
+def test_a_permuted_kernel_goes_to_the_neutral_layout_and_back_bit_exactly(tmp_path):
+    hwio = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)  # h, w, in, out
+    _tensor_file(str(tmp_path / "hwio.safetensors"), "conv.kernel", "F32", hwio, "hwio_like", HWIO_LIKE,
+                 {"conv": ["Conv", "Module"]})
+    neutral = drivetrain.convert_weights(str(tmp_path / "hwio.safetensors"), "bn_counting", str(tmp_path / "n"))
+    with safetensors.safe_open(os.path.join(neutral, "model.safetensors"), "np") as f:
+        oihw = f.get_tensor("conv.weight")
+    np.testing.assert_array_equal(oihw, hwio.transpose(3, 2, 0, 1))  # torch's [out, in, h, w]
+    back = drivetrain.convert_weights(neutral, "hwio_like", str(tmp_path / "back"))
+    with safetensors.safe_open(os.path.join(back, "model.safetensors"), "np") as f:
+        np.testing.assert_array_equal(f.get_tensor("conv.kernel"), hwio)
+    _tensor_file(str(tmp_path / "flat.safetensors"), "conv.kernel", "F32", hwio.reshape(6, 20), "hwio_like",
+                 HWIO_LIKE, {"conv": ["Conv"]})
+    with pytest.raises(CheckpointError, match=r"reorders its axes as \[3, 2, 0, 1\] expects a 4-D tensor"):
+        drivetrain.convert_weights(str(tmp_path / "flat.safetensors"), "bn_counting", str(tmp_path / "bad"))
+
+
 def test_a_source_written_before_layouts_needs_its_backend(tmp_path):
     path = str(tmp_path / "old.safetensors")
     safetensors.numpy.save_file({"weight": np.ones((3, 2), np.float32)}, path,
@@ -281,6 +312,8 @@ def test_a_source_written_before_layouts_needs_its_backend(tmp_path):
     (lambda: TensorRule("bn._mean", neutral="running_mean"), "without dots"),
     (lambda: TensorRule("weight"), "changes nothing"),
     (lambda: TensorRule("weight", transpose=True, modules="Linear"), "tuple of class names"),
+    (lambda: TensorRule("kernel", permute=(0, 2)), "ordering the axes"),
+    (lambda: TensorRule("kernel", permute=(1, 0), transpose=True), "without transpose=True"),
     (lambda: WeightLayout(rules=[TensorRule("weight", transpose=True)]), "tuple of drivetrain.TensorRule"),
     (lambda: WeightLayout(lacks="num_batches_tracked"), "tuple of tensor names"),
 ])
@@ -290,7 +323,8 @@ def test_a_malformed_declaration_is_refused(make, message):
 
 
 def test_a_layout_survives_its_manifest_record():
-    assert WeightLayout.from_json(json.loads(json.dumps(PADDLE_LIKE.to_json())), "here") == PADDLE_LIKE
+    for layout in (PADDLE_LIKE, HWIO_LIKE):
+        assert WeightLayout.from_json(json.loads(json.dumps(layout.to_json())), "here") == layout
     with pytest.raises(ConfigurationError, match="here: the recorded weight layout is damaged"):
         WeightLayout.from_json({"rules": [{"neutral": "x"}]}, "here")
 

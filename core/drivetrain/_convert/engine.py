@@ -91,15 +91,17 @@ def _rule(rules: list[TensorRule], classes: tuple[str, ...] | None, name: str, s
 def _change(rule: TensorRule) -> str:
     """What ``rule`` does to a tensor, for a message (``"transposed"``, ``"as 'scale'"``)."""
     renamed = f"as {rule.name!r}" if rule.neutral is not None else ""
-    return " and ".join(part for part in ("transposed" if rule.transpose else "", renamed) if part)
+    moved = "transposed" if rule.transpose else f"with axes {list(rule.permute)}" if rule.permute else ""
+    return " and ".join(part for part in (moved, renamed) if part)
 
 
-def _transposed(tensor: Tensor, name: str) -> Tensor:
-    if len(tensor.shape) != 2:
+def _permuted(tensor: Tensor, name: str, axes: tuple[int, ...]) -> Tensor:
+    """``tensor`` with its axes in the order ``axes`` (``(1, 0)``: the transpose), its bytes moved exactly."""
+    if len(tensor.shape) != len(axes):
         raise CheckpointError(f"{name!r} (stored as {tensor.stored_as!r}) has shape {list(tensor.shape)}; the layout "
-                              "rule that transposes it expects a 2-D tensor.")
+                              f"rule that reorders its axes as {list(axes)} expects a {len(axes)}-D tensor.")
     width = np.dtype(f"u{ITEM_SIZES[tensor.dtype]}")
-    moved = np.ascontiguousarray(np.frombuffer(tensor.data, dtype=width).reshape(tensor.shape).T)
+    moved = np.ascontiguousarray(np.frombuffer(tensor.data, dtype=width).reshape(tensor.shape).transpose(axes))
     return replace(tensor, shape=tuple(moved.shape), data=moved.reshape(-1).view(np.uint8).data)
 
 
@@ -116,7 +118,7 @@ def to_neutral(tensors: Mapping[str, Tensor], layout: WeightLayout, classes: Cla
         rule = _rule(layout.stored_rule(leaf), classes(split_name(name)[0]), name, "source")
         if rule is not None:
             leaf = rule.neutral_name
-            tensor = _transposed(tensor, name) if rule.transpose else tensor
+            tensor = _permuted(tensor, name, tuple(int(a) for a in np.argsort(rule.axes))) if rule.axes else tensor
         new = f"{path}.{leaf}" if path else leaf
         if new in neutral:
             raise CheckpointError(f"{name!r} and {neutral[new].stored_as!r} both become {new!r}; give name_map= "
@@ -136,7 +138,7 @@ def from_neutral(neutral: Mapping[str, Tensor], layout: WeightLayout, classes: C
         rule = _rule(layout.neutral_rule(leaf), classes(path), name, "target")
         if rule is not None:
             leaf = rule.name
-            tensor = _transposed(tensor, name) if rule.transpose else tensor
+            tensor = _permuted(tensor, name, rule.axes) if rule.axes else tensor
         out[f"{path}.{leaf}" if path else leaf] = tensor
     return out
 

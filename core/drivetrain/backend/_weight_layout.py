@@ -37,15 +37,20 @@ class TensorRule:
         modules: the rule applies only to tensors of modules whose class, or one of its base classes, has one
             of these names (compared case-insensitively, so ``"Linear"`` matches torch's, paddle's, jittor's
             and oneflow's ``Linear``); empty: in every module.
+        permute: a tensor of ``len(permute)`` dimensions stored with the neutral tensor's axes in this order
+            (``numpy.transpose(neutral, permute)``): ``(2, 3, 1, 0)`` stores a convolution kernel
+            ``[out, in, h, w]`` as ``[h, w, in, out]`` (flax's HWIO); empty: the axes as they are.
 
     Raises:
-        ConfigurationError: a name with dots, no class names, or a rule that changes nothing.
+        ConfigurationError: a name with dots, no class names, a ``permute`` that is not an order of the axes
+            (or comes with ``transpose``), or a rule that changes nothing.
     """
 
     name: str
     neutral: str | None = None
     transpose: bool = False
     modules: tuple[str, ...] = ()
+    permute: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field, value in (("name", self.name), ("neutral", self.neutral or "x")):
@@ -55,9 +60,18 @@ class TensorRule:
         if not isinstance(self.modules, tuple) or not all(isinstance(m, str) and m for m in self.modules):
             raise ConfigurationError(f"TensorRule(modules={self.modules!r}) must be a tuple of class names, "
                                      "e.g. ('Linear',).")
-        if self.neutral is None and not self.transpose:
+        if not isinstance(self.permute, tuple) or sorted(self.permute) != list(range(len(self.permute))) \
+                or (self.permute and self.transpose):
+            raise ConfigurationError(f"TensorRule(permute={self.permute!r}) must be a tuple ordering the axes 0..n-1 "
+                                     "(e.g. (2, 3, 1, 0)), without transpose=True (that is permute=(1, 0)).")
+        if self.neutral is None and not self.transpose and not self.permute:
             raise ConfigurationError(f"TensorRule({self.name!r}) changes nothing; give neutral='<name>' and/or "
-                                     "transpose=True.")
+                                     "transpose=True or permute=(...).")
+
+    @property
+    def axes(self) -> tuple[int, ...]:
+        """The order of the neutral tensor's axes in the stored one (``(1, 0)`` for ``transpose``; empty: as is)."""
+        return (1, 0) if self.transpose else self.permute
 
     @property
     def neutral_name(self) -> str:
@@ -130,7 +144,8 @@ class WeightLayout:
         Returns:
             ``{"rules": [...], "lacks": [...]}``.
         """
-        return {"rules": [{"name": r.name, "neutral": r.neutral, "transpose": r.transpose, "modules": list(r.modules)}
+        return {"rules": [{"name": r.name, "neutral": r.neutral, "transpose": r.transpose, "modules": list(r.modules),
+                           **({"permute": list(r.permute)} if r.permute else {})}
                           for r in self.rules], "lacks": list(self.lacks)}
 
     @classmethod
@@ -148,8 +163,8 @@ class WeightLayout:
             ConfigurationError: a damaged record, naming ``where``.
         """
         try:
-            rules = tuple(TensorRule(r["name"], r.get("neutral"), bool(r.get("transpose")), tuple(r.get("modules", ())))
-                          for r in data["rules"])
+            rules = tuple(TensorRule(r["name"], r.get("neutral"), bool(r.get("transpose")), tuple(r.get("modules", ())),
+                                     tuple(r.get("permute", ()))) for r in data["rules"])
             return cls(rules, tuple(data.get("lacks", ())))
         except (KeyError, TypeError, AttributeError, ConfigurationError) as exc:
             raise ConfigurationError(f"{where}: the recorded weight layout is damaged ({exc}).") from None
