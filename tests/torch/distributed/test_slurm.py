@@ -1,0 +1,80 @@
+"""torch under a real one-host Slurm (tests/_slurm.py): ``srun -n 2`` is one run of two ranks, the same as
+``nproc=2``; a job preempted by ``scancel --signal=USR1`` saves, requeues itself and, resumed, ends with the
+same parameters; ``python train.py`` in the batch shell of a two-task job is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests import _slurm
+
+SCRIPT = Path(__file__).with_name("_slurm_script.py")
+ROOT = Path(__file__).resolve().parents[3]
+slurm_cluster = _slurm.slurm_cluster
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+
+def _reference(tmp_path: Path) -> dict[str, np.ndarray]:
+    """The same training started by the Trainer itself (nproc=2), outside Slurm."""
+    out = tmp_path / "nproc"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    subprocess.run([sys.executable, str(SCRIPT), str(out), "--nproc", "2"], check=True, timeout=180, env=env,
+                   cwd=ROOT)
+    return dict(np.load(out / "final-nproc2.npz"))
+
+
+def _equal(got: Path, expected: dict[str, np.ndarray]) -> None:
+    final = dict(np.load(got))
+    assert final.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_array_equal(final[name], expected[name], err_msg=name)
+
+
+def test_srun_is_one_run_and_a_preempted_job_requeues_and_resumes_exactly(slurm_cluster, tmp_path) -> None:
+    expected = _reference(tmp_path)
+
+    out = tmp_path / "srun"
+    out.mkdir()
+    slurm_cluster.run(["srun", "-n", "2", sys.executable, str(SCRIPT), str(out)], timeout=180, cwd=ROOT)
+    ranks = sorted((out / "ranks.txt").read_text().split("\n")[:-1])
+    assert ranks == ["0 2 0 12", "1 2 0 12"], ranks  # two ranks of one run: 96 samples / (8 x 2) x 2 epochs
+    _equal(out / "final-0.npz", expected)
+
+    out = tmp_path / "preempted"
+    out.mkdir()
+    job = slurm_cluster.sbatch(f"srun {sys.executable} {SCRIPT} {out} --slow 0.25", "-n", "2", "--requeue",
+                               cwd=ROOT)
+    slurm_cluster.wait_job(job, "RUNNING", timeout=60)
+    deadline = time.monotonic() + 120
+    while not (out / "started").exists():  # rank 0 trained 2 batches: the run is under way
+        assert time.monotonic() < deadline, slurm_cluster.describe(job)
+        time.sleep(0.1)
+    slurm_cluster.run(["scancel", "--signal=USR1", str(job)], timeout=10)
+    slurm_cluster.wait_job(job, "PENDING", timeout=120)  # requeued by rank 0 once the checkpoint was written
+    time.sleep(3)  # the first run's credential is revoked a moment after the requeue: start after it
+    slurm_cluster.nudge(job, timeout=30)
+    info = slurm_cluster.wait_job(job, "COMPLETED", timeout=180, restarts=1)
+    text = slurm_cluster.read_output(job)
+    assert "preempted at step" in text and "the job is requeued" in text, slurm_cluster.describe(job, info)
+    assert (out / "ckpt" / "last").is_dir()
+    _equal(out / "final-1.npz", expected)
+    lines = (out / "ranks.txt").read_text().split("\n")[:-1]
+    stopped = [line for line in lines if not line.endswith(" 12")]
+    assert len(stopped) == 2 and len({line.split()[3] for line in stopped}) == 1, lines  # both at one step
+
+
+def test_python_in_the_batch_shell_of_a_two_task_job_is_refused(slurm_cluster, tmp_path) -> None:
+    job = slurm_cluster.sbatch(f"{sys.executable} {SCRIPT} {tmp_path}", "-n", "2", cwd=ROOT)
+    slurm_cluster.wait_job(job, {"FAILED", "COMPLETED"}, timeout=120)
+    text = slurm_cluster.read_output(job)
+    assert "srun did not start it, so it would train alone" in text, slurm_cluster.describe(job)
+    assert not (tmp_path / "ranks.txt").exists()
