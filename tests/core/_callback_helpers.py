@@ -76,7 +76,8 @@ def stop_after(trainer: Trainer, step: int) -> None:
 
 
 def listing(folder) -> list[str]:
-    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    """What a checkpoint folder holds, without the lock a running trainer keeps there (_format/lock.py)."""
+    return sorted(n for n in os.listdir(folder) if n != ".drivetrain-run.lock") if os.path.isdir(folder) else []
 
 
 def params(trainer: Trainer) -> dict[str, np.ndarray]:

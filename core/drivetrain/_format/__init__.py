@@ -24,6 +24,7 @@ from .folder import (
            write_checkpoint,
            write_files,
 )
+from .lock import FolderLock
 from .safetensors_reader import read_entries
 from .safetensors_writer import ITEM_SIZES, NUMPY_TAGS, TensorEntry, array_buffer
 from .shard_checks import check_shard_model, check_shard_optimizers
@@ -40,7 +41,7 @@ from .shard_layout import (
 )
 
 __all__ = [
-    "CheckpointError", "FROZEN_KEY", "FileContent", "ITEM_SIZES", "LAYOUT_FILE", "LoadedCheckpoint",
+    "FolderLock",     "CheckpointError", "FROZEN_KEY", "FileContent", "ITEM_SIZES", "LAYOUT_FILE", "LoadedCheckpoint",
     "MANIFEST", "MODEL_PREFIX", "NUMPY_TAGS", "ShardPiece", "ShardRead", "ShardSource", "StateEncodingError",
     "StateShards", "TensorEntry", "array_buffer", "cannot_read_shards", "check_shard_model",
     "check_shard_optimizers", "finish_checkpoint", "flat_range_boxes", "is_sharded", "join_state",

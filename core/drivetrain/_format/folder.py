@@ -294,7 +294,31 @@ def _newest_training_checkpoint(path: str) -> tuple[str, dict[str, Any]] | None:
     # (maybe in the middle of a batch) is taken only when named explicitly.
     found = [(folder, manifest) for folder, manifest in list_checkpoints(path)
              if manifest.get("kind") == "trainer" and resumes_exactly(manifest)]
-    return found[-1] if found else None
+    skipped = []
+    for folder, manifest in reversed(found):  # newest first: the first intact one is taken
+        why = damage_of(folder, manifest)
+        if why is None:
+            if skipped:
+                warnings.warn(f"resume_from={path!r}: skipping damaged checkpoint(s), newest first: "
+                              f"{'; '.join(skipped)}. Resuming from the newest intact one, {folder}.",
+                              RuntimeWarning, stacklevel=4)
+            return folder, manifest
+        skipped.append(f"{folder} ({why})")
+    if skipped:
+        warnings.warn(f"resume_from={path!r}: every training checkpoint there is damaged: {'; '.join(skipped)}.",
+                      RuntimeWarning, stacklevel=4)
+    return None
+
+
+def damage_of(folder: str, manifest: Mapping[str, Any]) -> str | None:
+    """Why the checkpoint ``folder`` cannot be loaded (a file missing, truncated, or not matching its sha256,
+    shards included), or None when every file its manifest lists is intact. Reads every byte once."""
+    for filename, record in manifest["files"].items():
+        try:
+            verified_file(folder, filename, record, keep=False)
+        except CheckpointError as exc:
+            return str(exc)
+    return None
 
 
 def resumes_exactly(manifest: dict[str, Any]) -> bool:

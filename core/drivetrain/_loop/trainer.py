@@ -53,7 +53,7 @@ from .._data import (
     plan_length,
     restore_loader_position,
 )
-from .._format import newest_over_folders, resolve_resume_folder
+from .._format import CheckpointError, FolderLock, newest_over_folders, resolve_resume_folder
 from .._progress import choose_progress
 from .._records import HistoryRecorder, RunRecorder
 from ..backend import ArgumentNames, Driver, ModelStep, build_driver
@@ -507,17 +507,48 @@ class Trainer:
         if num_train_batch_per_epoch != -1:
             self.dataloader = TruncatedLoader(self.dataloader, num_train_batch_per_epoch)
         self.num_batches_per_epoch = loader_length(self.dataloader)
-        resume_folder = self._latest_checkpoint() if resume_from == RESUME_LATEST else resume_from
-        if resume_folder is not None:
-            self.load_checkpoint(resolve_resume_folder(resume_folder), resume_training=resume_training)
-        length = self._plan_length()
-        start = Position(self.cur_epoch_idx, self._resume_start_batch(), self.global_forward_batches, None)
-        if self._resumed is not None and not self._resumed.has_work(
-                length, start, by_steps=self._requested_n_batches != -1, per_epoch=self.num_batches_per_epoch,
-                latest=resume_from == RESUME_LATEST):
-            return  # said why in one line; nothing is fired, so no checkpoint or run record is touched
-        with stop_signals_raise(self.driver.is_distributed()):
-            self._run_loop(num_eval_sanity_batch, bool(catch_KeyboardInterrupt))
+        locks = self._lock_checkpoint_folders()  # before a resume reads (and tidies) the folders
+        try:
+            resume_folder = self._latest_checkpoint() if resume_from == RESUME_LATEST else resume_from
+            if resume_folder is not None:
+                self.load_checkpoint(resolve_resume_folder(resume_folder), resume_training=resume_training)
+            length = self._plan_length()
+            start = Position(self.cur_epoch_idx, self._resume_start_batch(), self.global_forward_batches, None)
+            if self._resumed is not None and not self._resumed.has_work(
+                    length, start, by_steps=self._requested_n_batches != -1, per_epoch=self.num_batches_per_epoch,
+                    latest=resume_from == RESUME_LATEST):
+                return  # said why in one line; nothing is fired, so no checkpoint or run record is touched
+            with stop_signals_raise(self.driver.is_distributed()):
+                self._run_loop(num_eval_sanity_batch, bool(catch_KeyboardInterrupt))
+        finally:
+            for lock in locks:
+                lock.release()
+
+    def _lock_checkpoint_folders(self) -> list[FolderLock]:
+        """Rank 0 locks every CheckpointCallback folder for this run; a folder another run holds is refused on
+        every rank, naming that run (see ``_format/lock.py``)."""
+        from .._callbacks import CheckpointCallback
+
+        folders = sorted({cb.folder for cb in self.callbacks if isinstance(cb, CheckpointCallback)})
+        locks: list[FolderLock] = []
+        error = None
+        if folders and self.driver.is_global_zero:
+            try:
+                for folder in folders:
+                    lock = FolderLock(folder)
+                    note = lock.acquire()
+                    locks.append(lock)
+                    if note:
+                        logger.warning(note)
+            except CheckpointError as exc:
+                for lock in locks:
+                    lock.release()
+                locks, error = [], str(exc)
+        if folders and self.driver.is_distributed():
+            error = self.driver.broadcast_object(error, src=0)
+        if error is not None:
+            raise CheckpointError(error)
+        return locks
 
     def _run_loop(self, num_eval_sanity_batch: int, catch_keyboard_interrupt: bool) -> None:
         """The epochs, with the events around them, and how each way of ending is reported."""
