@@ -18,7 +18,7 @@ from tests._slurm import OneHostSlurm, _marked_pids, _zombie
 
 slurm_cluster = _slurm.slurm_cluster  # the session fixture (an assignment: ruff's F401/F811 stay quiet)
 
-pytestmark = pytest.mark.distributed
+# Quick (one cluster, ~1 s to start; each test a second or two): they run with the core's local tests.
 
 STEP = """
 import signal, sys, time
@@ -101,6 +101,7 @@ def test_scancel_signal_reaches_steps_batch_shell_or_both(slurm_cluster: OneHost
 
 
 @pytest.mark.slow
+@pytest.mark.distributed  # ~27 s waiting for slurmctld's time-limit check
 def test_timed_signal_reaches_steps_or_batch_shell(slurm_cluster: OneHostSlurm, tmp_path: Path) -> None:
     """``--signal=USR1@T`` reaches the steps, ``--signal=B:USR1@T`` the batch shell; with ``--time=1`` and
     ``T=45`` it comes at slurmctld's first 30-second time-limit check, 0 to 30 s after the start."""

@@ -9,6 +9,7 @@ readers ignore and the next resume removes.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -85,14 +86,35 @@ def write_files(folder: str, tmp: str, files: Mapping[str, FileContent]) -> dict
         try:
             sha256, size = _write_and_hash(os.path.join(tmp, current), content)
         except OSError as exc:
-            raise _write_error(exc, folder, current) from exc
+            shutil.rmtree(tmp, ignore_errors=True)  # first: the free space the message reports counts them out
+            raise _write_error(exc, folder, current, needed=sum(map(_size_of, files.values()))) from exc
         records[current] = {"sha256": sha256, "size": size}
     return records
 
 
-def _write_error(exc: OSError, folder: str, current: str) -> OSError:
-    return type(exc)(exc.errno, f"could not write checkpoint {folder} ({current}): {exc.strerror or exc}; "
-                                "the previous checkpoint under this name, if any, is unchanged")
+def _size_of(content: FileContent) -> int:
+    """The bytes a file's content takes (a tensor file: its tensors' bytes, without the small header)."""
+    if isinstance(content, (bytes, bytearray)):
+        return len(content)
+    if isinstance(content, memoryview):
+        return content.nbytes
+    return sum(memoryview(entry[3]).nbytes for entry in content)
+
+
+def _write_error(exc: OSError, folder: str, current: str, needed: int | None = None) -> OSError:
+    space = ""
+    if exc.errno == errno.ENOSPC:  # say how far off: the files' bytes against what the disk has left
+        free = shutil.disk_usage(os.path.dirname(folder)).free if os.path.isdir(os.path.dirname(folder)) else 0
+        wanted = f"about {_megabytes(needed)} for its files" if needed is not None else "more"
+        space = (f" (the checkpoint needs {wanted}; {_megabytes(free)} free on that filesystem once its partial "
+                 "files were removed: free some space or save elsewhere)")
+    return type(exc)(exc.errno, f"could not write checkpoint {folder} ({current}): {exc.strerror or exc}{space}; "
+                                "its partial files are removed and the previous checkpoint under this name, if any, "
+                                "is unchanged")
+
+
+def _megabytes(n: int) -> str:
+    return f"{n} bytes" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
 def finish_checkpoint(folder: str, tmp: str, records: Mapping[str, Any], manifest: dict[str, Any]) -> None:
