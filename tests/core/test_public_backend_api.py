@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "third_party_backend" / "drivetrain_numpy"
 EXPECTED = {"drivetrain_torch", "drivetrain_paddle", "drivetrain_jittor", "drivetrain_oneflow", "drivetrain_numpy",
-            "drivetrain_deepspeed"}
+            "drivetrain_deepspeed", "drivetrain_jax"}
 CORE = "drivetrain"
 PUBLIC_MODULES = ("drivetrain.backend", "drivetrain")  # where a replacement is looked up, in this order
 

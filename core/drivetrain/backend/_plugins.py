@@ -64,6 +64,7 @@ KNOWN_BACKENDS: dict[str, KnownBackend] = {
         why_not="OneFlow publishes working wheels (oneflow 0.9.0) only for Python <= 3.10 (on 3.11+ pip installs "
         "oneflow 0.7.0, which has no native library)"),
     "deepspeed": KnownBackend("deepspeed", builds_on=("torch",)),
+    "jax": KnownBackend("jax"),
 }
 
 
