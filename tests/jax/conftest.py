@@ -59,8 +59,8 @@ def cross_entropy(logits, labels):
 
 
 def logits_loss(outputs, batch):
-    """A Trainer loss_fn for a model that returns logits, for batches {'x', 'label'}."""
-    return cross_entropy(outputs, batch["label"])
+    """A Trainer loss_fn for a model that returns logits, for batches {'x', 'target'}."""
+    return cross_entropy(outputs, batch["target"])
 
 
 def digits(seed: int = 0):
@@ -80,7 +80,7 @@ def mlp():
 
 
 def regression_batches(n: int = 8, batch_size: int = 16, din: int = 16, classes: int = 4, seed: int = 0):
-    """``n`` batches of {'x', 'label'} numpy arrays."""
+    """``n`` batches of {'x', 'target'} numpy arrays."""
     rng = np.random.default_rng(seed)
     return [{"x": rng.standard_normal((batch_size, din)).astype(np.float32),
-             "label": rng.integers(0, classes, batch_size).astype(np.int32)} for _ in range(n)]
+             "target": rng.integers(0, classes, batch_size).astype(np.int32)} for _ in range(n)]

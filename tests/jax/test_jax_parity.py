@@ -19,7 +19,7 @@ def hand_loop(model, optimizer, batches, epochs: int):
     def train_step(model, optimizer, batch):  # flax's MNIST tutorial's step
         def loss_fn(model):
             logits = model(batch["x"])
-            return cross_entropy(logits, batch["label"]), logits
+            return cross_entropy(logits, batch["target"]), logits
 
         (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
         optimizer.update(model, grads)
@@ -38,7 +38,7 @@ def flat(model) -> dict[str, np.ndarray]:
 
 def cnn_batches():
     x, y, _, _ = digits()
-    return [{"x": x[i:i + 32], "label": y[i:i + 32]} for i in range(0, 320, 32)]
+    return [{"x": x[i:i + 32], "target": y[i:i + 32]} for i in range(0, 320, 32)]
 
 
 @pytest.mark.parametrize("build, batches, tx", [

@@ -168,7 +168,7 @@ def _update(layout: Layout, optimizer: Layout, values: list, opt_values: list, g
     model, opt = layout.merge(values), optimizer.merge([opt_values])
     norm = None
     if clip is not None and clip_type == "norm":
-        norm = optax.global_norm(grads)
+        norm = optax.tree.norm(grads)
         factor = jnp.minimum(1.0, clip / (norm + 1e-6))
         grads = jax.tree.map(lambda g: g * factor.astype(g.dtype), grads)
     elif clip is not None:
