@@ -16,8 +16,6 @@ import pytest
 from drivetrain import CallbackError, CheckpointCallback, Trainer
 from drivetrain_numpy import SGD, ArrayLoader, LinearModel
 
-from .conftest import make_regression
-
 
 @pytest.fixture
 def small_disk(tmp_path):

@@ -316,7 +316,7 @@ def _newest_training_checkpoint(path: str) -> tuple[str, dict[str, Any]] | None:
     # (maybe in the middle of a batch) is taken only when named explicitly.
     found = [(folder, manifest) for folder, manifest in list_checkpoints(path)
              if manifest.get("kind") == "trainer" and resumes_exactly(manifest)]
-    skipped = []
+    skipped: list[str] = []
     for folder, manifest in reversed(found):  # newest first: the first intact one is taken
         why = damage_of(folder, manifest)
         if why is None:

@@ -11,7 +11,9 @@ the class every driver subclasses, and ``DriverError``, the error it raises for 
 argument, are here too, the same objects as ``drivetrain.Driver`` and ``drivetrain.DriverError``.
 """
 
-from __future__ import annotations
+from __future__ import (
+    annotations as annotations,
+)
 
 from .._common import DistributedError, DriverError, bool_option, ignore_framework_log_format
 from .._data import (
@@ -92,31 +94,76 @@ from ._device_args import (
     unknown_device,
     usable_cuda_index,
 )
-from ._driver import CONTRACT_VERSION, Capabilities, Driver  # noqa: F401
+from ._driver import (
+    CONTRACT_VERSION as CONTRACT_VERSION,
+)
+from ._driver import (
+    Capabilities as Capabilities,
+)
+from ._driver import (
+    Driver,
+)
 from ._driver_factory import module_driver_factory, planned_distributed
 from ._lr_groups import group_multipliers, shared_rate
-from ._model_step import ArgumentNames, ModelStep  # noqa: F401
+from ._model_step import (
+    ArgumentNames as ArgumentNames,
+)
+from ._model_step import (
+    ModelStep,
+)
 from ._module_driver import NULL_CONTEXT, ModuleDriver, call_through_wrapper
 from ._optimizer_keys import optimizer_state_by_index, optimizer_state_by_name
 from ._plugin_spec import driver_specs_hook
-from ._plugins import (  # noqa: F401
-    KNOWN_BACKENDS,
-    DriverSpec,
-    available_drivers,
-    build_driver,
-    contract_problem,
-    create_driver,
-    driver_not_found,
-    get_registry,
-    hookimpl,
-    install_hint,
-    known_install,
-    register_plugin,
-    resolve_spec,
+from ._plugins import (
+    KNOWN_BACKENDS as KNOWN_BACKENDS,
+)
+from ._plugins import (
+    DriverSpec as DriverSpec,
+)
+from ._plugins import (
+    available_drivers as available_drivers,
+)
+from ._plugins import (
+    build_driver as build_driver,
+)
+from ._plugins import (
+    contract_problem as contract_problem,
+)
+from ._plugins import (
+    create_driver as create_driver,
+)
+from ._plugins import (
+    driver_not_found as driver_not_found,
+)
+from ._plugins import (
+    get_registry as get_registry,
+)
+from ._plugins import (
+    hookimpl as hookimpl,
+)
+from ._plugins import (
+    install_hint as install_hint,
+)
+from ._plugins import (
+    known_install as known_install,
+)
+from ._plugins import (
+    register_plugin as register_plugin,
+)
+from ._plugins import (
+    resolve_spec as resolve_spec,
 )
 from ._precision_amp import AmpPrecision, check_scaler_values, no_bf16_error, scaler_options
 from ._rng_states import rng_state_list
-from ._seed import capture_host_rng, restore_host_rng, seed_everything  # noqa: F401
+from ._seed import (
+    capture_host_rng as capture_host_rng,
+)
+from ._seed import (
+    restore_host_rng as restore_host_rng,
+)
+from ._seed import (
+    seed_everything as seed_everything,
+)
 from ._state_checks import (
     check_gradient_names,
     check_gradient_shape,
@@ -142,7 +189,21 @@ from ._state_codec import (
     tensor_from,
     widened_tensors,
 )
-from ._weight_layout import NEUTRAL, NEUTRAL_COMPANIONS, TensorRule, WeightLayout, decode_classes  # noqa: F401
+from ._weight_layout import (
+    NEUTRAL as NEUTRAL,
+)
+from ._weight_layout import (
+    NEUTRAL_COMPANIONS as NEUTRAL_COMPANIONS,
+)
+from ._weight_layout import (
+    TensorRule as TensorRule,
+)
+from ._weight_layout import (
+    WeightLayout as WeightLayout,
+)
+from ._weight_layout import (
+    decode_classes as decode_classes,
+)
 
 __all__ = [
     # distributed runs (see drivetrain._distributed.spawn): self-launch and naming the rank that failed
@@ -267,5 +328,5 @@ __all__ = [
     "shared_rate",  # the one optimizer rate that gives each group its wanted rate, refused unless the ratios fit
 ]
 
-# Imported above with "noqa: F401" but not in __all__: names the rest of the core imports from this folder (the
+# Imported above as "name as name" but not in __all__: names the rest of the core imports from this folder (the
 # plugin registry, the contract version, seeding, weight layouts, ArgumentNames). They are not the author surface.

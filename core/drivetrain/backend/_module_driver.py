@@ -463,12 +463,12 @@ class ModuleDriver(Driver):
 
 def _torch_style_attributes(framework: ModuleType, prefix: str) -> dict[str, Any]:
     """The classes and message examples of a framework with torch's API, ``prefix`` its import name."""
-    data = framework.utils.data  # type: ignore[attr-defined]
+    data = framework.utils.data
     return {
-        "module_type": framework.nn.Module, "module_name": f"{prefix}.nn.Module",  # type: ignore[attr-defined]
-        "optimizer_type": framework.optim.Optimizer,  # type: ignore[attr-defined]
+        "module_type": framework.nn.Module, "module_name": f"{prefix}.nn.Module",
+        "optimizer_type": framework.optim.Optimizer,
         "optimizer_name": f"{prefix}.optim.Optimizer",
-        "tensor_type": framework.Tensor,  # type: ignore[attr-defined]
+        "tensor_type": framework.Tensor,
         "dataloader_type": data.DataLoader, "dataset_type": data.Dataset,
         "loss_example": f"{prefix}.nn.functional.cross_entropy(outputs, batch['label'])",
         "to_tensor_example": f"{prefix}.as_tensor(array)",

@@ -27,8 +27,10 @@ from ._kit import (
 from ._suite import (
     CheckResult,
     ContractSuite,
-    checked_waivers,  # noqa: F401
     run_contract_checks,
+)
+from ._suite import (
+    checked_waivers as checked_waivers,
 )
 
 __all__ = [
