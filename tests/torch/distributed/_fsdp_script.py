@@ -262,7 +262,7 @@ def write_result(trainer: Trainer, phase: str, out: str, recorder: Recorder, sav
 
 def save_fails(trainer: Trainer, folder: str, out: str) -> None:
     """Save, then save again while rank 1 cannot write; record what each rank saw."""
-    from drivetrain._format import sharded
+    from drivetrain._checkpoint import sharded
 
     trainer.save_checkpoint(folder)
     created = json.load(open(os.path.join(folder, "manifest.json")))["created"]
