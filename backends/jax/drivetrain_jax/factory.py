@@ -68,6 +68,11 @@ def create_driver(model: Any, device: Any, *, nproc: int | None = None, precisio
         accepted = "; ".join(f"{key}: {meaning}" for key, meaning in {**SINGLE_KWARGS, **DIST_KWARGS}.items())
         raise DriverError(f"jax_kwargs has unknown key(s) {unknown}; accepted: {accepted}.")
     plan = plan_distributed(model, device, nproc, options)
+    if plan is not None and plan.launch == "spawn":
+        from ._launch import supervise, worker_command
+
+        # runs the script as nproc workers and exits this process with their verdict
+        supervise(plan.world_size, worker_command(), plan.timeout, plan.spawn_output)
     if plan is not None:
         from .distributed import JaxDataParallelDriver
 

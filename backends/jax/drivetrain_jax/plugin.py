@@ -22,8 +22,10 @@ CAPABILITIES = Capabilities(
         "locally and averaged across processes once, at the cycle's end.",
         "bf16": "Flax's own mixed precision: every layer whose dtype is None computes in bfloat16; parameters, "
         "gradients and optimizer state keep their dtype (float32). fp16 is refused (no loss scaling in NNX).",
-        "distributed": "Data parallel on jax.distributed (gloo on CPU): nproc=N or device=[...] starts the "
-        "processes, or launch them yourself with DRIVETRAIN_JAX_COORDINATOR, RANK and WORLD_SIZE set.",
+        "distributed": "Data parallel on jax.distributed (gloo on CPU; tested on CPU only): nproc=N in python "
+        "train.py, or python -m drivetrain_jax.run --nproc_per_node N train.py (each process joins before the "
+        "script runs: JAX cannot join after its first use); gradients and batch statistics are averaged once per "
+        "optimizer step; a failed or stuck peer ends the others within jax_kwargs['timeout'] (60 s).",
         "randomness": "JAX has no global generator: dropout draws from the model's nnx.Rngs, whose keys and "
         "counts checkpoints keep; seed_everything leaves them alone (seed them when building the model).",
     },
