@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ("jittor", "torch", "oneflow", "paddle", "docs", "core", "third_party", "lint")
+ORDER = ("jittor", "torch", "oneflow", "paddle", "jax", "docs", "core", "third_party", "lint")
 """Phase 1's start order: the longest envs first, so the short ones fill the gaps at the end."""
-WITH_PROCESS_TESTS = ("torch", "paddle", "jittor", "oneflow")
+WITH_PROCESS_TESTS = ("torch", "paddle", "jittor", "oneflow", "jax")
 """The envs whose tests include some marked ``distributed`` (phase 2 runs only these)."""
 
 
