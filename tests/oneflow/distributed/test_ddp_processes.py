@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +153,11 @@ def test_a_failing_rank_takes_every_process_down_in_bounded_time(launch, tmp_pat
     assert done.seconds < 60, f"took {done.seconds:.0f} s:\n{done.output[-3000:]}"
     pids = [int((tmp_path / name).read_text()) for name in os.listdir(tmp_path) if name.startswith("pid-rank")]
     assert len(pids) >= 2
+    # oneflow's launcher sometimes exits without killing the other worker; that one, blocked in a collective,
+    # is ended by drivetrain's watchdog: the bound is the run's timeout and the watchdog's grace
+    deadline = time.monotonic() + FAIL_TIMEOUT + 7
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not [pid for pid in pids if alive(pid)], "a process outlived the failed run"
     if mode == "raise":
         assert "drivetrain: rank 1 of 2 failed: CallbackError" in done.output
