@@ -340,20 +340,10 @@ class Driver(abc.ABC):
         Returns:
             The outputs (``step.call``'s), for the batch's callbacks and records.
         """
-        if not sync:
+        if not sync:  # the same batch, inside no_sync (the default's own body, not a subclass's override)
             with self.no_sync():
-                return self._forward_backward(batch, step, cycle_size, before_backward)
-        outputs = step.call(batch)  # the usual batch, inline: this runs every step
-        if before_backward is not None:
-            before_backward(outputs)
-        loss = step.loss(outputs)
-        if cycle_size > 1:
-            loss = loss / cycle_size
-        self.backward(loss)
-        return outputs
-
-    def _forward_backward(self, batch: Any, step: ModelStep, cycle_size: int,
-                          before_backward: Callable[[Any], None] | None) -> Any:
+                return Driver.forward_backward(self, batch, step, cycle_size=cycle_size,
+                                               before_backward=before_backward)
         outputs = step.call(batch)
         if before_backward is not None:
             before_backward(outputs)
