@@ -572,6 +572,26 @@ class OneHostSlurm:
         time.sleep(max(0.0, int(pending) + 1.05 - time.time()))
         self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=10)
 
+    def preempt_and_resume(self, script: str, started: Path, *options: str, cwd: str | os.PathLike[str] | None = None,
+                           timeout: float = 180.0) -> tuple[int, str]:
+        """The preemption flow of issue 40 on a job of ``script`` (``sbatch --requeue`` and ``options``): once the
+        file ``started`` exists (the script writes it when training is under way), ``scancel --signal=USR1``;
+        the job must requeue itself (rank 0's ``scontrol requeue``), is nudged to start again and must complete
+        after exactly one restart. Returns the job id and its output (both runs: ``--open-mode=append``)."""
+        job = self.sbatch(script, "--requeue", *options, cwd=cwd)
+        self.wait_job(job, "RUNNING", timeout=60)
+        deadline = time.monotonic() + timeout
+        while not started.exists():
+            if time.monotonic() > deadline or self.job_info(job).get("JobState") in TERMINAL_STATES:
+                raise SlurmError(f"{started} did not appear\n{self.describe(job)}")
+            time.sleep(0.1)
+        self.run(["scancel", "--signal=USR1", str(job)], timeout=10)
+        self.wait_job(job, "PENDING", timeout=timeout)  # requeued by rank 0 once the checkpoint was written
+        time.sleep(3)  # the first run's credential is revoked a moment after the requeue: start after it
+        self.nudge(job, timeout=30)
+        self.wait_job(job, "COMPLETED", timeout=timeout, restarts=1)
+        return job, self.read_output(job)
+
     def describe(self, job_id: int, info: Mapping[str, str] | None = None) -> str:
         """The job's record, its output and the daemons' logs: for a failure message."""
         info = self.job_info(job_id) if info is None else info

@@ -2,6 +2,7 @@
 Trainer's own spawn, or two processes given paddle's variables by the test).
 
     _dist_script.py train OUT PHASES [--nproc N] [--user-init] [--fleet] [--prefix] [--resume-from DIR] [--overlap on|off]
+                    [--slow SECONDS]
     _dist_script.py fail OUT MODE [--timeout S] [--victim R] [--overlap on|off]
 
 ``train`` runs the comma-separated PHASES one after another in the same processes
@@ -16,7 +17,11 @@ DataParallel's reducer armed); ``--overlap`` sets ``paddle_kwargs['overlap']``:
 - ``resume``: the same training resumed from ``--resume-from`` (another world size's checkpoint);
 - ``resume-same``: resumed from ``OUT/interrupted`` (same world size);
 - ``unused``: a model whose second layer only rank 1 uses, trained without and then with
-  ``find_unused_parameters``.
+  ``find_unused_parameters``;
+- ``slurm``: the reference training with a CheckpointCallback every 2 batches in ``OUT/ckpt``, jsonl records in
+  ``OUT/run-<tag>`` and ``resume_from="latest"``, written to ``OUT/slurm<tag>-rank<r>.json`` (``tag``: the
+  Slurm job's restart count, or ``nproc``); ``--slow`` sleeps after each batch and rank 0 writes
+  ``OUT/started`` after batch 2 (time for a preemption signal to arrive mid-run).
 
 ``fail`` trains slowly and misbehaves on rank 1 (or 0) at batch ``FAIL_AT``:
 ``raise`` raises, ``stall`` sleeps forever, ``mark`` only marks the batch (so that the test can kill a
@@ -109,6 +114,10 @@ class Recorder(Callback):
         self.seen: dict[str, list[int]] = {}
         self.counts = {"on_train_epoch_end": 0, "on_evaluate_end": 0}
         self.synced: list[bool] = []
+        self.began = -1
+
+    def on_train_begin(self, trainer) -> None:
+        self.began = trainer.global_forward_batches  # after a resume: where the run continues
 
     def on_train_batch_begin(self, trainer, batch, indices) -> None:
         self.seen.setdefault(str(trainer.cur_epoch_idx), []).extend(int(i) for i in batch["idx"].numpy().ravel())
@@ -122,6 +131,18 @@ class Recorder(Callback):
 
     def on_evaluate_end(self, trainer, results) -> None:
         self.counts["on_evaluate_end"] += 1
+
+
+class Slow(Callback):
+    """Sleeps after each batch; rank 0 writes ``OUT/started`` once 2 batches trained."""
+
+    def __init__(self, seconds: float, out: str) -> None:
+        self.seconds, self.out = seconds, out
+
+    def on_train_batch_end(self, trainer) -> None:
+        if trainer.driver.is_global_zero and trainer.global_forward_batches == 2:
+            open(os.path.join(self.out, "started"), "w").close()
+        time.sleep(self.seconds)
 
 
 class StopAt(Callback):
@@ -173,6 +194,14 @@ def run_phase(phase: str, args: argparse.Namespace, launch: dict) -> None:
         callbacks.append(StopAt(INTERRUPT_AT, os.path.join(args.out, "interrupted")))
     elif phase in ("resume", "resume-same"):
         run_options["resume_from"] = args.resume_from if phase == "resume" else os.path.join(args.out, "interrupted")
+    tag = phase
+    if phase == "slurm":
+        tag += os.environ.get("SLURM_RESTART_COUNT", "0") if "SLURM_JOB_ID" in os.environ else "nproc"
+        callbacks.append(CheckpointCallback(os.path.join(args.out, "ckpt"), every_n_batches=2))
+        if args.slow:
+            callbacks.append(Slow(args.slow, args.out))
+        launch = {**launch, "loggers": ["jsonl"], "run_dir": os.path.join(args.out, f"run-{tag[5:]}")}
+        run_options["resume_from"] = "latest"
     trainer = build_trainer(trainable, batch_size=BATCH_PER_RANK, callbacks=callbacks, evaluate=phase == "full",
                             **launch)
     trainer.add_callback_fn(Event.on_train_end(), rank_zero_only(lambda t: zero_calls.append(1)))
@@ -182,7 +211,7 @@ def run_phase(phase: str, args: argparse.Namespace, launch: dict) -> None:
         "rank": driver.rank, "world_size": driver.world_size, "driver": type(driver).__name__,
         "describe": driver.describe(), "params": params_of(model), "seen": recorder.seen,
         "counts": recorder.counts, "zero_only": len(zero_calls), "pid": os.getpid(), "synced": recorder.synced,
-        "log_dir_in_cwd": os.path.isdir("log"),
+        "log_dir_in_cwd": os.path.isdir("log"), "steps": [recorder.began, trainer.global_forward_batches],
     }
     if phase == "full":
         result["eval"] = trainer.evaluate()
@@ -199,7 +228,7 @@ def run_phase(phase: str, args: argparse.Namespace, launch: dict) -> None:
                                    save_to=os.path.join(args.out, "predictions"))
         result["predict"] = {"pred": predicted["pred"].tolist(), "idx": indices.tolist()}
         result["streamed_equal"] = bool((streamed["pred"] == predicted["pred"]).all())
-    with open(os.path.join(args.out, f"{phase}-rank{driver.rank}.json"), "w") as f:
+    with open(os.path.join(args.out, f"{tag}-rank{driver.rank}.json"), "w") as f:
         json.dump(result, f)
 
 
@@ -315,6 +344,7 @@ def main() -> None:
     t.add_argument("--fleet", action="store_true")
     t.add_argument("--prefix", action="store_true")
     t.add_argument("--resume-from")
+    t.add_argument("--slow", type=float, default=0.0)
     for p in (t, f := sub.add_parser("fail")):
         p.add_argument("--overlap", choices=("on", "off"), help="paddle_kwargs['overlap'] (default: the driver's)")
     f.add_argument("out")

@@ -1,7 +1,8 @@
 """paddle under a real one-host Slurm (tests/_slurm.py): ``srun -n 2 python train.py`` is one run of two ranks
 (paddle's variables taken from Slurm's), the same as the Trainer's own ``nproc=2``, evaluation and
-prediction included; the preemption flow is torch's (tests/torch/distributed/test_slurm.py), common to every
-backend."""
+prediction included; a job preempted by ``scancel --signal=USR1`` stops both ranks at one step, saves, closes
+its records as preempted, requeues itself and, resumed, ends with the parameters of the unbroken ``nproc=2``
+run (torch's test does the same: tests/torch/distributed/test_slurm.py)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ slurm_cluster = _slurm.slurm_cluster
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
 
-def test_srun_n2_is_one_run_equal_to_nproc_2(slurm_cluster, tmp_path) -> None:
-    spawned, srun = tmp_path / "nproc", tmp_path / "srun"
-    spawned.mkdir()
-    srun.mkdir()
+def test_srun_n2_is_one_run_equal_to_nproc_2_and_a_preempted_job_resumes_exactly(slurm_cluster, tmp_path) -> None:
+    spawned, srun, preempted = tmp_path / "nproc", tmp_path / "srun", tmp_path / "preempted"
+    for folder in (spawned, srun, preempted):
+        folder.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    subprocess.run([sys.executable, str(SCRIPT), "train", str(spawned), "full", "--nproc", "2"], check=True,
+    subprocess.run([sys.executable, str(SCRIPT), "train", str(spawned), "full,slurm", "--nproc", "2"], check=True,
                    timeout=240, env=env, cwd=tmp_path)
     slurm_cluster.run(["srun", "-n", "2", sys.executable, str(SCRIPT), "train", str(srun), "full"], timeout=240,
                       cwd=tmp_path)
@@ -37,3 +38,20 @@ def test_srun_n2_is_one_run_equal_to_nproc_2(slurm_cluster, tmp_path) -> None:
         assert (got["rank"], got["world_size"]) == (rank, 2)
         for key in ("params", "seen", "eval", "predict"):
             assert got[key] == expected[key], key
+
+    job, text = slurm_cluster.preempt_and_resume(
+        f"srun {sys.executable} {SCRIPT} train {preempted} slurm --slow 0.25", preempted / "started", "-n", "2",
+        cwd=tmp_path)
+    assert "preempted at step" in text and "the job is requeued" in text, slurm_cluster.describe(job)
+    first = [json.loads((preempted / f"slurm0-rank{rank}.json").read_text()) for rank in (0, 1)]
+    second = [json.loads((preempted / f"slurm1-rank{rank}.json").read_text()) for rank in (0, 1)]
+    stop = first[0]["steps"][1]
+    assert [r["steps"] for r in first] == [[0, stop]] * 2 and 0 < stop < 12, first  # both ranks at one step
+    assert [r["steps"] for r in second] == [[stop, 12]] * 2, second  # the requeued run resumed from there
+    summary = json.loads((preempted / "run-0" / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["step"] == stop, summary
+    hparams = json.loads((preempted / "run-1" / "hparams.json").read_text())
+    assert (hparams["slurm_job_id"], hparams["slurm_restart_count"]) == (str(job), 1), hparams
+    for rank in (0, 1):
+        expected = json.loads((spawned / f"slurmnproc-rank{rank}.json").read_text())
+        assert second[rank]["params"] == expected["params"], rank  # bit-identical: floats in full in JSON

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,20 +50,9 @@ def test_srun_is_one_run_and_a_preempted_job_requeues_and_resumes_exactly(slurm_
 
     out = tmp_path / "preempted"
     out.mkdir()
-    job = slurm_cluster.sbatch(f"srun {sys.executable} {SCRIPT} {out} --slow 0.25", "-n", "2", "--requeue",
-                               cwd=ROOT)
-    slurm_cluster.wait_job(job, "RUNNING", timeout=60)
-    deadline = time.monotonic() + 120
-    while not (out / "started").exists():  # rank 0 trained 2 batches: the run is under way
-        assert time.monotonic() < deadline, slurm_cluster.describe(job)
-        time.sleep(0.1)
-    slurm_cluster.run(["scancel", "--signal=USR1", str(job)], timeout=10)
-    slurm_cluster.wait_job(job, "PENDING", timeout=120)  # requeued by rank 0 once the checkpoint was written
-    time.sleep(3)  # the first run's credential is revoked a moment after the requeue: start after it
-    slurm_cluster.nudge(job, timeout=30)
-    info = slurm_cluster.wait_job(job, "COMPLETED", timeout=180, restarts=1)
-    text = slurm_cluster.read_output(job)
-    assert "preempted at step" in text and "the job is requeued" in text, slurm_cluster.describe(job, info)
+    job, text = slurm_cluster.preempt_and_resume(f"srun {sys.executable} {SCRIPT} {out} --slow 0.25", out / "started",
+                                                 "-n", "2", cwd=ROOT)
+    assert "preempted at step" in text and "the job is requeued" in text, slurm_cluster.describe(job)
     assert (out / "ckpt" / "last").is_dir()
     _equal(out / "final-1.npz", expected)
     lines = (out / "ranks.txt").read_text().split("\n")[:-1]
