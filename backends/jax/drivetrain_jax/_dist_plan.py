@@ -9,6 +9,9 @@ joins first. The plan is then:
 - ``spawn``: ``nproc=N`` in a plain ``python train.py``: this process, already using JAX alone, becomes a
   supervisor that runs the command again as N workers under ``drivetrain_jax.run`` (:mod:`._launch`) and exits
   with their verdict;
+- ``rerun``: a task of a Slurm step of several tasks (``srun -n N python train.py``) that has used JAX alone: it
+  runs its command again in its place (``exec``, same process) under ``drivetrain_jax.run``, which joins the
+  step's tasks first (:func:`._launch.rerun`);
 - None: one process.
 """
 
@@ -28,6 +31,7 @@ from drivetrain.backend import (
     check_process_count,
     env_int,
     plan_options,
+    slurm_step,
 )
 from drivetrain.backend import DistPlan as CoreDistPlan
 
@@ -67,6 +71,10 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
                           "jax.distributed.initialize() must come before anything uses JAX, so start each process "
                           "with python -m drivetrain_jax.run train.py (python -m drivetrain_jax.run --nproc_per_node N "
                           "train.py starts N on this machine), or call jax.distributed.initialize() first thing.")
+    step = slurm_step()
+    if step is not None:  # nproc= in a step is refused once the task joined (check_slurm_world)
+        return DistPlan(launch="rerun", world_size=step.world_size, rank=step.rank, local_rank=step.local_rank,
+                        device=None, backend="gloo", **common)
     if nproc is not None and nproc > 1:
         return DistPlan(launch="spawn", world_size=nproc, rank=0, local_rank=0, device=None, backend="gloo",
                         **common)

@@ -1,5 +1,6 @@
 """The supervisor behind ``Trainer(..., nproc=N)`` in a plain ``python train.py`` and behind
-``python -m drivetrain_jax.run --nproc_per_node N train.py``.
+``python -m drivetrain_jax.run --nproc_per_node N train.py``; and the re-run of a task of ``srun -n N python
+train.py`` (:func:`rerun`).
 
 A process that has used JAX alone (it built the model) cannot join a distributed run any more. So it starts N
 workers running the same command under ``python -m drivetrain_jax.run`` (which joins the run first) with torchrun's
@@ -16,14 +17,15 @@ import sys
 import warnings
 from typing import NoReturn
 
-from drivetrain.backend import Launcher, free_ports, local_launch_env, relaunch_command
+from drivetrain.backend import DriverError, Launcher, free_ports, local_launch_env, relaunch_command
 
 LAUNCH = "python -m drivetrain_jax.run --nproc_per_node {n} train.py"
 
 
-def worker_command() -> list[str]:
-    """This program's command line run under ``python -m drivetrain_jax.run`` (interpreter options kept)."""
-    command = relaunch_command(LAUNCH.format(n="N"))  # refuses a notebook, python -c, pytest
+def worker_command(start_yourself: str = LAUNCH.format(n="N")) -> list[str]:
+    """This program's command line run under ``python -m drivetrain_jax.run`` (interpreter options kept); a
+    notebook, ``python -c`` or pytest is refused, naming ``start_yourself``."""
+    command = relaunch_command(start_yourself)
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     program = ["-m", spec.name, *sys.argv[1:]] if spec is not None else sys.argv[:]
     return [command[0], *command[1:len(command) - len(program)], "-m", "drivetrain_jax.run", *program]
@@ -41,3 +43,23 @@ def supervise(world_size: int, command: list[str], timeout: float = 60.0, output
     # a multithreaded process may deadlock concerns a child that goes on running Python, not one that execs
     warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
     launcher.supervise(worker_env)
+
+
+def rerun(rank: int, world_size: int) -> NoReturn:
+    """Run this task of a Slurm step again in its place, under ``python -m drivetrain_jax.run``.
+
+    The task has used JAX alone (it built the model), too late for ``jax.distributed.initialize``; the same
+    process (``exec``: Slurm keeps tracking and signalling it) starts over under the module, which joins the
+    step's ``world_size`` tasks before the script runs. Everything before ``Trainer(...)`` runs twice."""
+    start = f"srun -n {world_size} python -m drivetrain_jax.run train.py"
+    try:
+        command = worker_command(start)
+    except DriverError as exc:
+        raise DriverError(f"task {rank} of a Slurm step of {world_size} tasks: {exc}") from None
+    if rank == 0:
+        print(f"drivetrain-jax: {world_size} Slurm tasks join one run: each runs its program again under "
+              f"python -m drivetrain_jax.run (JAX was used before the Trainer; {start} joins first).",
+              file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(command[0], command)

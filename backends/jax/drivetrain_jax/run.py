@@ -7,9 +7,11 @@ then runs the script as ``python`` would (``-m package.module`` too), with ``sys
 - ``--nproc_per_node N``: start N such processes on this machine, watch them, exit with their verdict (what
   ``Trainer(nproc=N)`` does from a plain ``python train.py``);
 - without it, one process whose place comes from torchrun-style variables (``RANK``, ``WORLD_SIZE``,
-  ``MASTER_ADDR``, ``MASTER_PORT``; another launcher or a scheduler sets them), or, when they are not set, from
-  JAX's own detection of a cluster (Slurm, Open MPI, ...). Under ``torchrun --nproc_per_node N -m drivetrain_jax.run
-  train.py`` torchrun's agent holds ``MASTER_PORT``, so JAX's coordinator takes the port after it.
+  ``MASTER_ADDR``, ``MASTER_PORT``; another launcher or a scheduler sets them), else from the task's Slurm
+  variables in a step of several tasks (``srun -n N``: the coordinator on the step's first node at the port
+  derived from the job id, as torch's and paddle's drivers do), else from JAX's own detection of a cluster (Open
+  MPI, ...). Under ``torchrun --nproc_per_node N -m drivetrain_jax.run train.py`` torchrun's agent holds
+  ``MASTER_PORT``, so JAX's coordinator takes the port after it.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ def join() -> None:
     """Join the run the environment describes (``jax.distributed.initialize``; gloo collectives on CPU)."""
     import jax
 
+    from drivetrain.backend import DriverError, env_int, env_master, slurm_step, torchrun_variables
+
     if "WORLD_SIZE" not in os.environ:
-        jax.distributed.initialize()  # JAX's cluster detection (Slurm, Open MPI, Kubernetes, ...)
-        return
-    from drivetrain.backend import DriverError, env_int, env_master
+        step = slurm_step()
+        if step is None:
+            jax.distributed.initialize()  # JAX's cluster detection (Open MPI, Kubernetes, ...)
+            return
+        os.environ.update(torchrun_variables(step))  # a task of srun -n N
 
     master = env_master(hint=START)
     if master is None:
