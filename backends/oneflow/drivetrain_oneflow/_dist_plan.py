@@ -11,7 +11,11 @@ oneflow joins its distributed environment when it is *imported*, from the variab
   same, started by the Trainer's supervisor);
 - ``spawn``: ``nproc=N`` or ``device=[0, 1]`` in a plain ``python train.py``. This
   process imported oneflow alone and cannot join a group any more, so it becomes a
-  supervisor: it runs the script again as N worker processes and exits with their verdict.
+  supervisor: it runs the script again as N worker processes and exits with their verdict;
+- ``rerun``: a task of a Slurm step of several tasks (``srun -n N python train.py``), which
+  imported oneflow alone: it runs its command again in its place (``exec``, the same process)
+  with the launcher's variables taken from Slurm's, so that oneflow joins the step's tasks
+  when it is imported again (:func:`._launch.rerun`).
 
 Everything here is validation (nothing is started), so a wrong combination fails in
 the first process, before any other is started.
@@ -35,6 +39,7 @@ from drivetrain.backend import (
     check_layout_arguments,
     plan_options,
     read_launcher_env,
+    slurm_step,
     torchrun_variables,
     wrapper_options,
 )
@@ -71,7 +76,13 @@ class DistPlan(CoreDistPlan):
 def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, Any]) -> DistPlan | None:
     """The distributed layout asked for, or None for one process (the single-device driver)."""
     check_layout_arguments(nproc, device)
-    launch = DEVICES.launch(nproc, device, _launched(), model)
+    launched = _launched()
+    step = slurm_step() if launched is None else None
+    if step is not None:  # nproc= in a step is refused once the task joined (check_slurm_world)
+        return DistPlan(launch="rerun", world_size=step.world_size, rank=step.rank, local_rank=step.local_rank,
+                        device=None, backend="oneflow",
+                        **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=ARGUMENT))
+    launch = DEVICES.launch(nproc, device, launched, model)
     if launch is None:
         return None
     how, device, env = launch

@@ -1,4 +1,5 @@
-"""The supervisor behind ``Trainer(..., nproc=N)`` in a plain ``python train.py``.
+"""The supervisor behind ``Trainer(..., nproc=N)`` in a plain ``python train.py``, and the re-run of a task of
+``srun -n N python train.py`` (:func:`rerun`).
 
 oneflow connects to its peers when it is imported, so a process that has already
 imported oneflow alone cannot become rank 0 of a group. Instead, the process that
@@ -21,9 +22,18 @@ Life and death are the core's :meth:`drivetrain.backend.Launcher.supervise`:
 from __future__ import annotations
 
 import os
+import sys
 from typing import NoReturn
 
-from drivetrain.backend import Launcher, free_ports, local_launch_env, relaunch_command
+from drivetrain.backend import (
+    DriverError,
+    Launcher,
+    free_ports,
+    local_launch_env,
+    relaunch_command,
+    slurm_step,
+    torchrun_variables,
+)
 
 from ._dist_plan import DistPlan
 
@@ -42,3 +52,44 @@ def supervise(plan: DistPlan) -> NoReturn:
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
     launcher.supervise(worker_env)
+
+
+def rerun(plan: DistPlan) -> NoReturn:
+    """Run this task of a Slurm step again in its place, with the variables ``oneflow.distributed.launch`` would
+    set, taken from Slurm's.
+
+    oneflow joins its peers when it is imported, and this task imported it alone (it built the model); the same
+    process (``exec``: Slurm keeps tracking and signalling it) starts over, and its oneflow import joins the
+    step's tasks. Everything before ``Trainer(...)`` runs twice."""
+    start = f"srun -n {plan.world_size} python train.py, the training in a script file"
+    try:
+        command = relaunch_command(start)
+    except DriverError as exc:
+        raise DriverError(f"task {plan.rank} of a Slurm step of {plan.world_size} tasks: {exc}") from None
+    step = slurm_step()
+    assert step is not None  # the plan came from it
+    # oneflow's lone import replaced the launcher variables with its one-process defaults (MASTER_PORT a free
+    # port of its own); a MASTER_PORT the task was started with is still in its initial environment
+    os.environ.pop("MASTER_PORT", None)
+    given = _initial_environment().get("MASTER_PORT")
+    if given:
+        os.environ["MASTER_PORT"] = given
+    os.environ.update(torchrun_variables(step))
+    if plan.rank == 0:
+        print(f"drivetrain-oneflow: {plan.world_size} Slurm tasks join one run: each runs its program again with "
+              "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (oneflow joins its peers when it is imported, and "
+              "it was imported before the Trainer).", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(command[0], command, os.environ)
+
+
+def _initial_environment() -> dict[str, str]:
+    """The variables this process was started with (Linux's /proc/self/environ; empty elsewhere)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if b"=" in item)
+    return {name: value for name, _, value in pairs}
