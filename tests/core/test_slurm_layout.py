@@ -112,5 +112,6 @@ def test_the_batch_shell_of_a_job_of_several_tasks_is_refused_without_srun(no_sl
                                           r"start it.*srun python train.py.*nproc="):
         _trainer()
     check_not_batch_shell(nproc=2)  # the Trainer starting the processes itself is fine
+    check_not_batch_shell(None, world_size=2)  # so is a rank of mpirun or torchrun run in the batch script
     no_slurm.setenv("SLURM_NTASKS", "1")
     _trainer(n_epochs=1).run()

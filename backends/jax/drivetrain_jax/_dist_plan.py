@@ -9,9 +9,9 @@ joins first. The plan is then:
 - ``spawn``: ``nproc=N`` in a plain ``python train.py``: this process, already using JAX alone, becomes a
   supervisor that runs the command again as N workers under ``drivetrain_jax.run`` (:mod:`._launch`) and exits
   with their verdict;
-- ``rerun``: a task of a Slurm step of several tasks (``srun -n N python train.py``) that has used JAX alone: it
-  runs its command again in its place (``exec``, same process) under ``drivetrain_jax.run``, which joins the
-  step's tasks first (:func:`._launch.rerun`);
+- (none: a task of a Slurm step of several tasks, ``srun -n N python train.py``, that has used JAX alone runs its
+  command again in its place, ``exec``, under ``drivetrain_jax.run``, which joins the step's tasks first:
+  :func:`._launch.rerun`);
 - None: one process.
 """
 
@@ -73,8 +73,9 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
                           "train.py starts N on this machine), or call jax.distributed.initialize() first thing.")
     step = slurm_step()
     if step is not None:  # nproc= in a step is refused once the task joined (check_slurm_world)
-        return DistPlan(launch="rerun", world_size=step.world_size, rank=step.rank, local_rank=step.local_rank,
-                        device=None, backend="gloo", **common)
+        from ._launch import rerun
+
+        rerun(step)  # this task, again, under drivetrain_jax.run: it joins srun's others
     if nproc is not None and nproc > 1:
         return DistPlan(launch="spawn", world_size=nproc, rank=0, local_rank=0, device=None, backend="gloo",
                         **common)

@@ -17,7 +17,14 @@ import sys
 import warnings
 from typing import NoReturn
 
-from drivetrain.backend import DriverError, Launcher, free_ports, local_launch_env, relaunch_command
+from drivetrain.backend import (
+    Launcher,
+    SlurmStep,
+    free_ports,
+    local_launch_env,
+    relaunch_command,
+    rerun_slurm_task,
+)
 
 LAUNCH = "python -m drivetrain_jax.run --nproc_per_node {n} train.py"
 
@@ -45,21 +52,11 @@ def supervise(world_size: int, command: list[str], timeout: float = 60.0, output
     launcher.supervise(worker_env)
 
 
-def rerun(rank: int, world_size: int) -> NoReturn:
-    """Run this task of a Slurm step again in its place, under ``python -m drivetrain_jax.run``.
-
-    The task has used JAX alone (it built the model), too late for ``jax.distributed.initialize``; the same
-    process (``exec``: Slurm keeps tracking and signalling it) starts over under the module, which joins the
-    step's ``world_size`` tasks before the script runs. Everything before ``Trainer(...)`` runs twice."""
-    start = f"srun -n {world_size} python -m drivetrain_jax.run train.py"
-    try:
-        command = worker_command(start)
-    except DriverError as exc:
-        raise DriverError(f"task {rank} of a Slurm step of {world_size} tasks: {exc}") from None
-    if rank == 0:
-        print(f"drivetrain-jax: {world_size} Slurm tasks join one run: each runs its program again under "
-              f"python -m drivetrain_jax.run (JAX was used before the Trainer; {start} joins first).",
-              file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(command[0], command)
+def rerun(step: SlurmStep) -> NoReturn:
+    """Run this task of a Slurm step again in its place, under ``python -m drivetrain_jax.run``, which joins the
+    step's tasks before the script runs: the task has used JAX alone (it built the model), too late for
+    ``jax.distributed.initialize``."""
+    rerun_slurm_task(step, {}, framework="jax", command=worker_command,
+                     reason="JAX was used before the Trainer, and jax.distributed.initialize must come first: "
+                     "python -m drivetrain_jax.run joins the tasks before the script runs",
+                     start_yourself=f"srun -n {step.world_size} python -m drivetrain_jax.run train.py")

@@ -68,10 +68,6 @@ def create_driver(model: Any, device: Any, *, nproc: int | None = None, precisio
         accepted = "; ".join(f"{key}: {meaning}" for key, meaning in {**SINGLE_KWARGS, **DIST_KWARGS}.items())
         raise DriverError(f"jax_kwargs has unknown key(s) {unknown}; accepted: {accepted}.")
     plan = plan_distributed(model, device, nproc, options)
-    if plan is not None and plan.launch == "rerun":
-        from ._launch import rerun
-
-        rerun(plan.rank, plan.world_size)  # this task, again, under drivetrain_jax.run: it joins srun's others
     if plan is not None and plan.launch == "spawn":
         from ._launch import supervise, worker_command
 

@@ -12,12 +12,12 @@ oneflow joins its distributed environment when it is *imported*, from the variab
 - ``spawn``: ``nproc=N`` or ``device=[0, 1]`` in a plain ``python train.py``. This
   process imported oneflow alone and cannot join a group any more, so it becomes a
   supervisor: it runs the script again as N worker processes and exits with their verdict;
-- ``rerun``: a task of a Slurm step of several tasks (``srun -n N python train.py``), which
-  imported oneflow alone: it runs its command again in its place (``exec``, the same process)
-  with the launcher's variables taken from Slurm's, so that oneflow joins the step's tasks
-  when it is imported again (:func:`._launch.rerun`).
+- (none: a task of a Slurm step of several tasks, ``srun -n N python train.py``, which imported
+  oneflow alone, runs its command again in its place, ``exec``, with the launcher's variables
+  taken from Slurm's, so that oneflow joins the step's tasks when it is imported again:
+  :func:`._launch.rerun`).
 
-Everything here is validation (nothing is started), so a wrong combination fails in
+Everything else here is validation (nothing is started), so a wrong combination fails in
 the first process, before any other is started.
 """
 
@@ -79,9 +79,10 @@ def plan_distributed(model: Any, device: Any, nproc: Any, options: Mapping[str, 
     launched = _launched()
     step = slurm_step() if launched is None else None
     if step is not None:  # nproc= in a step is refused once the task joined (check_slurm_world)
-        return DistPlan(launch="rerun", world_size=step.world_size, rank=step.rank, local_rank=step.local_rank,
-                        device=None, backend="oneflow",
-                        **plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=ARGUMENT))
+        plan_options(options, default_timeout=DEFAULT_TIMEOUT, argument=ARGUMENT)  # a wrong option fails here
+        from ._launch import rerun
+
+        rerun(step)  # this task of srun, again, with the variables oneflow joins the others by
     launch = DEVICES.launch(nproc, device, launched, model)
     if launch is None:
         return None

@@ -22,16 +22,15 @@ Life and death are the core's :meth:`drivetrain.backend.Launcher.supervise`:
 from __future__ import annotations
 
 import os
-import sys
 from typing import NoReturn
 
 from drivetrain.backend import (
-    DriverError,
     Launcher,
+    SlurmStep,
     free_ports,
     local_launch_env,
     relaunch_command,
-    slurm_step,
+    rerun_slurm_task,
     torchrun_variables,
 )
 
@@ -54,35 +53,19 @@ def supervise(plan: DistPlan) -> NoReturn:
     launcher.supervise(worker_env)
 
 
-def rerun(plan: DistPlan) -> NoReturn:
+def rerun(step: SlurmStep) -> NoReturn:
     """Run this task of a Slurm step again in its place, with the variables ``oneflow.distributed.launch`` would
-    set, taken from Slurm's.
-
-    oneflow joins its peers when it is imported, and this task imported it alone (it built the model); the same
-    process (``exec``: Slurm keeps tracking and signalling it) starts over, and its oneflow import joins the
-    step's tasks. Everything before ``Trainer(...)`` runs twice."""
-    start = f"srun -n {plan.world_size} python train.py, the training in a script file"
-    try:
-        command = relaunch_command(start)
-    except DriverError as exc:
-        raise DriverError(f"task {plan.rank} of a Slurm step of {plan.world_size} tasks: {exc}") from None
-    step = slurm_step()
-    assert step is not None  # the plan came from it
+    set, taken from Slurm's: oneflow joins its peers when it is imported, and this task imported it alone."""
     # oneflow's lone import replaced the launcher variables with its one-process defaults (MASTER_PORT a free
     # port of its own); a MASTER_PORT the task was started with is still in its initial environment
     os.environ.pop("MASTER_PORT", None)
     given = _initial_environment().get("MASTER_PORT")
     if given:
         os.environ["MASTER_PORT"] = given
-    os.environ.update(torchrun_variables(step))
-    if plan.rank == 0:
-        print(f"drivetrain-oneflow: {plan.world_size} Slurm tasks join one run: each runs its program again with "
-              "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (oneflow joins its peers when it is imported, and "
-              "it was imported before the Trainer).", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(command[0], command, os.environ)
-
+    rerun_slurm_task(step, torchrun_variables(step), framework="oneflow",
+                     reason="with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set: oneflow joins its peers when it "
+                     "is imported, and the script imported it before the Trainer",
+                     start_yourself=f"srun -n {step.world_size} python train.py, the training in a script file")
 
 def _initial_environment() -> dict[str, str]:
     """The variables this process was started with (Linux's /proc/self/environ; empty elsewhere)."""

@@ -20,10 +20,6 @@ def _plan(model: Any, device: Any, nproc: int | None, framework_kwargs: dict[str
     from ._dist_plan import plan_distributed
 
     plan = plan_distributed(model, device, nproc, framework_kwargs)
-    if plan is not None and plan.launch == "rerun":
-        from ._launch import rerun
-
-        rerun(plan)  # this task of srun, again, with the variables oneflow joins the others by
     if plan is not None and plan.launch == "spawn":
         from ._launch import supervise
 

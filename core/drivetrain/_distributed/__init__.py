@@ -47,6 +47,7 @@ from .slurm import (
     check_slurm_world,
     expand_hostlist,
     expand_tasks_per_node,
+    rerun_slurm_task,
     slurm_step,
     torchrun_variables,
 )
@@ -81,6 +82,6 @@ __all__ = [
     "expand_tasks_per_node", "flat_buckets", "free_ports", "gather_pickled", "local_launch_env",
     "loopback_env", "one_gpu_for_many", "plan_options", "process_group_backend", "processes_wanted",
     "pump_output", "read_launcher_env", "reduce_gathered", "reducible_array", "refuse_late_options",
-    "relaunch_command", "settle_at_exit", "slurm_step", "spawn_request", "startup_patience",
+    "relaunch_command", "rerun_slurm_task", "settle_at_exit", "slurm_step", "spawn_request", "startup_patience",
     "timeout_option", "torchrun_variables", "wrapper_options"
 ]

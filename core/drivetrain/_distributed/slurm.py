@@ -4,7 +4,9 @@
 ``SLURM_NTASKS``, ``SLURM_STEP_NODELIST``...). A backend whose launcher variables are absent takes its rank
 from them (:func:`slurm_step`, then its ``LauncherVars.from_slurm``), so the tasks form one run instead of
 N independent ones. A framework launcher started by srun (``srun -n 1 torchrun ...``) sets its own variables,
-which win. The shell of ``sbatch`` or ``salloc`` is not a step: its ``SLURM_NTASKS`` counts tasks that
+which win. A framework that joins its peers only before it is first used (oneflow and jittor when they are
+imported, JAX before its first computation), used alone by the script before the Trainer, runs the task again in
+its place with the variables it joins by (:func:`rerun_slurm_task`). The shell of ``sbatch`` or ``salloc`` is not a step: its ``SLURM_NTASKS`` counts tasks that
 ``srun`` would start, so a process run there directly trains alone (:func:`check_not_batch_shell`).
 """
 
@@ -13,8 +15,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
+from collections.abc import Callable, Mapping
+from typing import NoReturn
 
 from .._common import DriverError
+from .spawn import relaunch_command
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 """A step's rendezvous port, unless ``MASTER_PORT`` names one: ``PORT_BASE + job id % PORT_SPAN``, so two jobs
@@ -146,10 +152,12 @@ def torchrun_variables(step: SlurmStep) -> dict[str, str]:
             "MASTER_PORT": str(step.master_port), "GROUP_RANK": str(step.node_rank)}
 
 
-def check_not_batch_shell(nproc: object) -> None:
-    """Refuse a run started directly in the shell of a job of several tasks (``sbatch -n 2`` without ``srun``):
-    its ``SLURM_NTASKS`` asks for processes that nothing starts. ``nproc=`` (the Trainer starts them) is fine."""
-    if nproc is not None or "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" in os.environ:
+def check_not_batch_shell(nproc: object, world_size: int = 1) -> None:
+    """Refuse a run of one process started directly in the shell of a job of several tasks (``sbatch -n 2``
+    without ``srun``): its ``SLURM_NTASKS`` asks for processes that nothing starts. ``nproc=`` (the Trainer
+    starts them) is fine, and so is a rank of a launcher's run there (``world_size`` > 1: ``mpirun`` or
+    ``torchrun`` in the batch script)."""
+    if nproc is not None or world_size > 1 or "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" in os.environ:
         return
     tasks = os.environ.get("SLURM_NTASKS", "1")
     if tasks.isdigit() and int(tasks) > 1:
@@ -177,3 +185,26 @@ def check_slurm_world(driver_name: str, world_size: int, nproc: object) -> None:
             f"SLURM_NTASKS), but the {driver_name!r} driver runs it as a process of its own: the tasks would "
             f"train {step.world_size} independent copies. Use the driver's distributed form under srun (see "
             "docs/clusters.md), start one task (srun -n 1), or start the framework's launcher with srun.")
+
+
+def rerun_slurm_task(step: SlurmStep, variables: Mapping[str, str], *, framework: str, reason: str,
+                     start_yourself: str, command: Callable[[str], list[str]] = relaunch_command) -> NoReturn:
+    """Run this task of a Slurm step again in its place, with ``variables`` set, for a framework that joins its
+    peers only before it is first used, which the script did alone before building the Trainer.
+
+    ``exec`` keeps the process, so Slurm keeps tracking and signalling it; everything before ``Trainer(...)``
+    runs twice, and the second time the framework joins the step's other tasks. Rank 0 says so in one line
+    (``reason``: why the framework needs it). ``command(start_yourself)`` is the command line to run
+    (default: this program's, :func:`~drivetrain.backend.relaunch_command`); a program that cannot be run again
+    (a notebook, ``python -c``, pytest) is refused, naming ``start_yourself``."""
+    try:
+        argv = command(start_yourself)
+    except DriverError as exc:
+        raise DriverError(f"task {step.rank} of a Slurm step of {step.world_size} tasks: {exc}") from None
+    os.environ.update(variables)
+    if step.rank == 0:
+        print(f"drivetrain-{framework}: the {step.world_size} tasks of this Slurm step join one run: each runs its "
+              f"program again ({reason}).", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, os.environ)

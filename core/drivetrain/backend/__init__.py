@@ -62,6 +62,7 @@ from .._distributed import (
     reduce_gathered,
     refuse_late_options,
     relaunch_command,
+    rerun_slurm_task,
     settle_at_exit,
     slurm_step,
     startup_patience,
@@ -242,6 +243,7 @@ __all__ = [
     "SlurmStep",  # this task's place in a Slurm step of several tasks (srun -n N): ranks, nodes, the master
     "slurm_step",  # the SlurmStep of this process, or None (not under srun, or a step of one task)
     "torchrun_variables",  # a SlurmStep as torchrun's variables: LauncherVars(from_slurm=...) for torch-style
+    "rerun_slurm_task",  # exec this Slurm task again with the variables a framework joins by, read only early
     "reduce_gathered",  # all_reduce of gathered arrays in numpy, in rank order
     "flat_buckets",  # gradients grouped by dtype in runs of bounded size, one flat all-reduce each
     "settle_at_exit",  # a short pause at exit so gloo's threads finish before the interpreter does

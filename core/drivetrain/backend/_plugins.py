@@ -562,7 +562,7 @@ def build_driver(driver: Any, model: Any, device: Any, **options: Any) -> Driver
             f"driver={driver!r} is not accepted; pass a driver name ('torch', 'paddle', ...), 'auto', or a Driver."
         )
     nproc = options.get("nproc")
-    check_not_batch_shell(nproc)
     built = create_driver(driver, model, device, **options)
+    check_not_batch_shell(nproc, built.world_size)
     check_slurm_world(built.name, built.world_size, nproc)
     return built

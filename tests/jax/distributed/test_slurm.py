@@ -38,7 +38,7 @@ def test_srun_n2_is_one_run_equal_to_nproc_2(slurm_cluster, tmp_path) -> None:
     assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)], done.stderr[-3000:]
     began = (srun / "began.txt").read_text().split()
     assert sorted(began) == sorted([str(r["pid"]) for r in ranks] * 2), began  # each task, twice, in its process
-    assert "each runs its program again under python -m drivetrain_jax.run" in done.stderr
+    assert "tasks of this Slurm step join one run: each runs its program again" in done.stderr
     expected, got = np.load(spawned / "final.npz"), np.load(srun / "final.npz")
     assert sorted(got.files) == sorted(expected.files)
     for name in expected.files:
