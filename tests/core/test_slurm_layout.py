@@ -13,6 +13,7 @@ from drivetrain._distributed import (
     check_not_batch_shell,
     expand_hostlist,
     expand_tasks_per_node,
+    rerun_slurm_task,
     slurm_step,
     torchrun_variables,
 )
@@ -115,3 +116,19 @@ def test_the_batch_shell_of_a_job_of_several_tasks_is_refused_without_srun(no_sl
     check_not_batch_shell(None, world_size=2)  # so is a rank of mpirun or torchrun run in the batch script
     no_slurm.setenv("SLURM_NTASKS", "1")
     _trainer(n_epochs=1).run()
+
+
+def test_a_task_that_cannot_run_its_program_again_is_refused_with_the_line_that_works(no_slurm) -> None:
+    """jax, oneflow and jittor re-run a task of srun in its place (tested under the real Slurm); a program that
+    cannot be run again (here: pytest; python -c, a notebook) is refused before anything changes."""
+    import os
+
+    for name, value in STEP.items():
+        no_slurm.setenv(name, value)
+    with pytest.raises(DriverError, match=r"task 5 of a Slurm step of 8 tasks, which join one oneflow run by running "
+                                          r"their program again \(oneflow joins at import\), but it runs under pytest"
+                                          r".*Put the training in a script file and start it with srun -n 8 python "
+                                          r"train.py\.$"):
+        rerun_slurm_task(slurm_step(), {"RANK": "5"}, framework="oneflow", reason="oneflow joins at import",
+                         start_yourself="srun -n 8 python train.py")
+    assert "RANK" not in os.environ or os.environ["RANK"] != "5"

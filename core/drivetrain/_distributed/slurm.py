@@ -5,9 +5,10 @@
 from them (:func:`slurm_step`, then its ``LauncherVars.from_slurm``), so the tasks form one run instead of
 N independent ones. A framework launcher started by srun (``srun -n 1 torchrun ...``) sets its own variables,
 which win. A framework that joins its peers only before it is first used (oneflow and jittor when they are
-imported, JAX before its first computation), used alone by the script before the Trainer, runs the task again in
-its place with the variables it joins by (:func:`rerun_slurm_task`). The shell of ``sbatch`` or ``salloc`` is not a step: its ``SLURM_NTASKS`` counts tasks that
-``srun`` would start, so a process run there directly trains alone (:func:`check_not_batch_shell`).
+imported, JAX before its first computation), used alone by the script before the Trainer, runs the task again
+in its place with the variables it joins by (:func:`rerun_slurm_task`). The shell of ``sbatch`` or ``salloc``
+is not a step: its ``SLURM_NTASKS`` counts tasks that ``srun`` would start, so a process run there directly
+trains alone (:func:`check_not_batch_shell`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 from .._common import DriverError
-from .spawn import relaunch_command
+from .spawn import relaunch_command, why_not_rerunnable
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 """A step's rendezvous port, unless ``MASTER_PORT`` names one: ``PORT_BASE + job id % PORT_SPAN``, so two jobs
@@ -196,11 +197,14 @@ def rerun_slurm_task(step: SlurmStep, variables: Mapping[str, str], *, framework
     runs twice, and the second time the framework joins the step's other tasks. Rank 0 says so in one line
     (``reason``: why the framework needs it). ``command(start_yourself)`` is the command line to run
     (default: this program's, :func:`~drivetrain.backend.relaunch_command`); a program that cannot be run again
-    (a notebook, ``python -c``, pytest) is refused, naming ``start_yourself``."""
-    try:
-        argv = command(start_yourself)
-    except DriverError as exc:
-        raise DriverError(f"task {step.rank} of a Slurm step of {step.world_size} tasks: {exc}") from None
+    (a notebook, ``python -c``, pytest) is refused, naming ``start_yourself``, the line to start a script with."""
+    why = why_not_rerunnable()
+    if why is not None:
+        raise DriverError(
+            f"this process is task {step.rank} of a Slurm step of {step.world_size} tasks, which join one {framework} "
+            f"run by running their program again ({reason}), but {why}. Put the training in a script file and "
+            f"start it with {start_yourself}.")
+    argv = command(start_yourself)
     os.environ.update(variables)
     if step.rank == 0:
         print(f"drivetrain-{framework}: the {step.world_size} tasks of this Slurm step join one run: each runs its "

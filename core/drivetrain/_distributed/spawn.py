@@ -237,6 +237,21 @@ class FailureBoard:
 
 
 # ------------------------------------------------------------------ self-launch
+def why_not_rerunnable(argv: list[str] | None = None, main: Any = None) -> str | None:
+    """Why this program cannot be run again from its command line (a notebook, ``python -c``, pytest), or None."""
+    argv = sys.argv if argv is None else argv
+    main = sys.modules.get("__main__") if main is None else main
+    main_file = getattr(main, "__file__", None)
+    if "ipykernel" in sys.modules or (main_file is None and argv and argv[0] not in ("-c", "-")):
+        return "this is an interactive session or a notebook, which has no script to run again"
+    if not argv or argv[0] in ("-c", "-") or main_file is None:
+        return "the program was given as a string (python -c) or on stdin, which cannot be run again"
+    if os.path.basename(os.path.dirname(os.path.abspath(main_file))) == "pytest" or \
+            os.path.basename(argv[0]).startswith(("pytest", "py.test")):
+        return "it runs under pytest, and re-running the test session in every process is not what you want"
+    return None
+
+
 def relaunch_command(start_yourself: str, argv: list[str] | None = None, orig_argv: list[str] | None = None,
                      main: Any = None) -> list[str]:
     """The command line that runs this program again, or a DriverError saying why it cannot be re-run.
@@ -246,16 +261,7 @@ def relaunch_command(start_yourself: str, argv: list[str] | None = None, orig_ar
     """
     argv = sys.argv if argv is None else argv
     orig_argv = list(getattr(sys, "orig_argv", [sys.executable, *argv])) if orig_argv is None else orig_argv
-    main = sys.modules.get("__main__") if main is None else main
-    main_file = getattr(main, "__file__", None)
-    why = None
-    if "ipykernel" in sys.modules or (main_file is None and argv and argv[0] not in ("-c", "-")):
-        why = "this is an interactive session or a notebook, which has no script to run again"
-    elif not argv or argv[0] in ("-c", "-") or main_file is None:
-        why = "the program was given as a string (python -c) or on stdin, which cannot be run again"
-    elif os.path.basename(os.path.dirname(os.path.abspath(main_file))) == "pytest" or \
-            os.path.basename(argv[0]).startswith(("pytest", "py.test")):
-        why = "it runs under pytest, and re-running the test session in every process is not what you want"
+    why = why_not_rerunnable(argv, main)
     if why is not None:
         raise DriverError(
             "distributed training with nproc>1 or several devices starts the other processes by running this "
