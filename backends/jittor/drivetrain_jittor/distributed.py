@@ -22,22 +22,37 @@ is imported inside ``mpirun`` it joins the MPI world (``jt.in_mpi``, ``jt.rank``
 - **Failures.** MPI collectives cannot time out, and a process that ends with an
   exception would block in ``MPI_Finalize`` while its peers wait in an all-reduce --
   forever. After the loop raised, this process therefore leaves with ``os._exit``
-  (exit code 1, after Python printed the traceback), skipping ``MPI_Finalize``; mpirun
-  sees a process end abnormally and stops the others, and exits non-zero.
+  (after Python printed the traceback), skipping ``MPI_Finalize``; mpirun sees a process
+  end abnormally and stops the others, and exits non-zero. The exit code is 1, or
+  128 + the signal's number when a signal stopped the run (130 for Ctrl-C, 143 for
+  SIGTERM), as a shell reports a process a signal ended. Between the failure and the exit,
+  the exception path's collectives (an exception checkpoint, closing the records) may
+  wait for peers that are not stopping (one rank failed, or got a signal alone): each
+  is bounded (:func:`_ended_after`, :data:`STOP_WAIT` seconds): the process ends when
+  the others do not join, instead of waiting forever.
+- **Ctrl-C.** OpenMPI's ``mpirun`` puts every process in a process group of its own, so
+  a terminal's Ctrl-C reaches only ``mpirun``: it sends SIGCONT, then SIGTERM
+  ``odls_base_sigkill_timeout`` seconds later (default 1), then SIGKILL as long again
+  after that. The processes stop on the SIGTERM (the exception checkpoint, the records),
+  so give them time: ``mpirun --mca odls_base_sigkill_timeout 5`` (docs/troubleshooting.md).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from drivetrain import TrainingTerminated
 from drivetrain.backend import (
     DataSharding,
     DistributedDriverMixin,
@@ -104,17 +119,50 @@ def mpi_layout(device: Any, nproc: int | None, jt: Any) -> MPILayout:
     return MPILayout(rank=rank, world_size=world, local_rank=local_rank, local_size=local_size, device=device)
 
 
-_exit_notice: list[str] = []
-"""What this process says on its way out after a failed loop (the last failure's words); empty until one."""
+STOP_WAIT = float(os.environ.get("DRIVETRAIN_MPI_STOP_WAIT", "30"))
+"""Seconds one collective of the exception path (after the loop raised) waits for the other processes
+(``DRIVETRAIN_MPI_STOP_WAIT`` sets it: an exception checkpoint of a large model needs longer)."""
+
+
+@contextlib.contextmanager
+def _ended_after(seconds: float) -> Iterator[None]:
+    """End the process by SIGALRM unless the block finishes within ``seconds`` (main thread only).
+
+    jittor's MPI broadcast holds the GIL while it waits, so neither a watchdog thread nor a Python
+    signal handler could run: the kernel's default action for SIGALRM ends the process, and mpirun
+    then stops the others ("exited on signal 14 (Alarm clock)").
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(max(1, math.ceil(seconds)))
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+
+_exit_notice: list[tuple[str, int]] = []
+"""What this process says on its way out after a failed loop, and its exit code (the last failure's); empty
+until one."""
+
+
+def _exit_code(exc: BaseException | None) -> int:
+    """128 + the signal's number for a run a signal stopped (as a shell reports it), else 1."""
+    if isinstance(exc, TrainingTerminated):
+        return 128 + exc.signum
+    return 128 + 2 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def _exit_without_finalize() -> None:
-    """At interpreter exit after a failed loop: flush, say why, and ``os._exit(1)`` without MPI_Finalize."""
+    """At interpreter exit after a failed loop: flush, say why, and ``os._exit`` without MPI_Finalize."""
+    words, code = _exit_notice[-1]
     with contextlib.suppress(Exception):
         sys.stdout.flush()
-        sys.stderr.write(_exit_notice[-1])
+        sys.stderr.write(words)
         sys.stderr.flush()
-    os._exit(1)
+    os._exit(code)
 
 
 class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
@@ -135,6 +183,7 @@ class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
             shard_yourself="give each process a jittor Dataset of its own part of the samples",
             waits="the gradient all-reduce", same_batches="the same number of samples and batch_size everywhere",
         )
+        self._failed = False
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self) -> None:
@@ -147,15 +196,22 @@ class JittorMPIDriver(DistributedDriverMixin, JittorSingleDriver):
         for var in self.unwrap_model().state_dict().values():
             var.update(_mpi.broadcast_var(jt, var, 0))
 
+    def _collective(self, what: str) -> contextlib.AbstractContextManager:
+        """Unbounded while training (mpirun stops the run when a process dies); bounded once the loop failed."""
+        return _ended_after(STOP_WAIT) if self._failed else contextlib.nullcontext()
+
     def on_exception(self) -> None:
         """Arrange for this process to end without MPI_Finalize (see the module docstring)."""
+        self._failed = True
         exc = sys.exc_info()[1]
         what = "an exception" if exc is None else f"{type(exc).__name__}: {str(exc)[:200]}"
         if not _exit_notice:
             atexit.register(_exit_without_finalize)  # registered last, so it runs before jittor's own exit handlers
-        _exit_notice.append(
+        code = _exit_code(exc)
+        _exit_notice.append((
             f"drivetrain-jittor: rank {self.rank} of {self.world_size} stopped after {what}; it exits without "
-            "MPI_Finalize (code 1) so that mpirun stops the other processes instead of leaving them waiting.\n")
+            f"MPI_Finalize (code {code}) so that mpirun stops the other processes instead of leaving them waiting.\n",
+            code))
 
     # ----------------------------------------------------------------------- data
     def set_dist_repro_dataloader(self, dataloader: Any, *, dist: str | None, reproducible: bool) -> Any:
