@@ -123,6 +123,22 @@ def test_add_callback_fn_refuses_a_loss_handler_and_leaves_the_trainer_usable() 
     assert trainer.global_forward_batches == 8
 
 
+def test_a_function_that_only_reads_the_loss_is_accepted_when_it_says_so_and_runs_after_the_fused_call() -> None:
+    model, opt, loader = _setup()
+    trainer = Trainer(model, loader, opt, driver=FusedNumpyDriver(model), n_epochs=1, progress_bar=None)
+    losses: list[float] = []
+
+    def record_loss(trainer, outputs):
+        losses.append(float(outputs["loss"]))
+
+    with pytest.raises(ConfigurationError, match=r"set changes_loss = False on its function \(fn.changes_loss"):
+        trainer.add_callback_fn(Event.on_before_backward(every=2), record_loss)
+    record_loss.changes_loss = False  # the fix the message names, also through a filter (every=2)
+    trainer.add_callback_fn(Event.on_before_backward(every=2), record_loss)
+    trainer.run()
+    assert len(losses) == 4 and all(np.isfinite(losses))
+
+
 class HabitTrainer(Trainer):
     """fastNLP's habit: override backward to add to what it does."""
 

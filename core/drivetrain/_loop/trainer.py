@@ -349,15 +349,17 @@ class Trainer:
         if self.driver.capabilities.separate_backward:
             return
         for handler in self._handlers["on_before_backward"]:
-            owner = getattr(handler, "__self__", None)
-            if owner is None or getattr(owner, "changes_loss", True):
-                what = f"callback {type(owner).__name__}" if owner is not None else f"function {handler!r:.60}"
+            fn = getattr(handler, "fn", handler)  # a FilteredHandler (every=, once=) wraps the function
+            owner = getattr(fn, "__self__", None)
+            if getattr(fn if owner is None else owner, "changes_loss", True):
+                what = f"callback {type(owner).__name__}" if owner is not None else f"function {fn!r:.60}"
+                where = "class" if owner is not None else "function (fn.changes_loss = False)"
                 raise ConfigurationError(
                     f"the {what} handles on_before_backward, where a callback may change the loss; the "
                     f"{self.driver.name} driver computes the loss and its gradients in one call, so no event comes "
                     "between them and a changed loss would be ignored. To change the loss, pass loss_fn= (or "
-                    "output_mapping=); if the callback only reads the outputs, set changes_loss = False on its "
-                    "class (it then runs after the gradients are computed).")
+                    f"output_mapping=); if it only reads the outputs, set changes_loss = False on its {where}: it "
+                    "then runs after the gradients are computed.")
 
     def _reset_position(self, n_epochs: int, n_batches: int, accumulation_steps: int) -> None:
         """The loop's length and position, as callbacks read them and checkpoints store them."""
