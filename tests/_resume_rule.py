@@ -66,7 +66,7 @@ class Seen(Callback):
     def on_train_batch_begin(self, trainer, batch, indices) -> None:
         mine = [int(i) for i in indices]
         self.seen.setdefault(str(trainer.cur_epoch_idx), []).extend(mine)
-        carried = [int(i) for i in batch[self.index_key].numpy().ravel()]
+        carried = [int(i) for i in trainer.driver.tensor_to_numpy(batch[self.index_key]).ravel()]
         if carried != mine:
             self.mismatch.append((mine, carried))
 
