@@ -333,6 +333,8 @@ def kill_rounds(workdir: str, n_kills: int, *, seed: int, driver: str = "numpy",
         for _ in range(kills_this_round):
             temps_before = _temp_entries(ckpt_dir)
             newest_before = _newest_step(ckpt_dir)
+            if newest_before >= timing.steps:  # the last checkpoint is written: a resume would only load it
+                break
             begin, end = timing.window(newest_before)
             aim_at_resume = resume and rng.random() < 0.3  # the resume itself: start-up and loading
             after = rng.uniform(0.3 * begin, 1.2 * begin) if aim_at_resume else rng.uniform(0, end - begin)

@@ -7,7 +7,8 @@
   batches, 3 epochs.
 - A ``CheckpointCallback(CKPT_DIR, every_n_batches=1, keep_last_n=2)`` writes a checkpoint after every batch
   and deletes all but the newest two (a rotation, so kills also land inside deletions); the JSON dict in
-  ``DRIVETRAIN_KILL9_CHECKPOINT_KWARGS`` adds keyword arguments to it (``{"background": true}``...).
+  ``DRIVETRAIN_KILL9_CHECKPOINT_KWARGS`` adds keyword arguments to it or replaces these
+  (``{"background": true}``, ``{"every_n_batches": 2}``...).
   torch_fsdp and deepspeed save at the end of every accumulation cycle instead (every 3 batches): they hold
   the gradients of an unfinished cycle in their own buffers and refuse to checkpoint inside one.
 - ``--nproc N`` (N > 1): ``Trainer(nproc=N)`` starts the other processes (data parallel, or sharded for
@@ -99,9 +100,10 @@ def checkpoint_tensors(ckpt_dir: str) -> dict[str, np.ndarray]:
 def build(args: argparse.Namespace, ckpt_dir: str):
     from drivetrain import CheckpointCallback
 
+    saving = {"every_n_batches": ACCUMULATION if args.driver in CYCLE_ONLY else 1, "keep_last_n": KEEP,
+              **checkpoint_kwargs()}  # the environment's win
     options: dict = {"n_epochs": N_EPOCHS, "accumulation_steps": ACCUMULATION, "progress_bar": None,
-                     "callbacks": [CheckpointCallback(ckpt_dir, keep_last_n=KEEP, **checkpoint_kwargs(),
-                                                      every_n_batches=ACCUMULATION if args.driver in CYCLE_ONLY else 1)]}
+                     "callbacks": [CheckpointCallback(ckpt_dir, **saving)]}
     if args.nproc > 1:
         options["nproc"] = args.nproc
     if args.nproc > 1 or "MASTER_PORT" in os.environ or args.driver == "jittor":  # every rank, under any launcher

@@ -22,7 +22,7 @@ import pytest
 
 from drivetrain._format.folder import read_checkpoint, resolve_resume_folder
 
-from ._kill9 import Delays, kill_rounds
+from ._kill9 import CHECKPOINT_KWARGS_ENV, SCRIPT, Delays, kill_rounds
 
 N_KILLS = 20
 
@@ -84,3 +84,13 @@ def test_kill9_while_replacing_a_checkpoint_keeps_one(tmp_path, kill_after):
     assert any(e.startswith(".tmp-") for e in os.listdir(tmp_path))
     found = resolve_resume_folder(tmp_path)  # raises CheckpointError when nothing is left
     read_checkpoint(found)
+
+
+def test_the_child_passes_the_environments_checkpoint_kwargs_to_its_callback(tmp_path):
+    """``bench/kill9_stress.py --checkpoint-kwargs`` reaches the child's CheckpointCallback (and wins over its own)."""
+    env = dict(os.environ, **{CHECKPOINT_KWARGS_ENV: '{"every_n_batches": 5, "save_last": false}'})
+    proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "ckpt"), str(tmp_path / "out.npz")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["step_00000040-epoch_2-batch_10",
+                                                     "step_00000045-epoch_3-batch_0"]
