@@ -6,17 +6,24 @@ process tests); here they are set by hand to cover multi-node layouts one host c
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from drivetrain import Trainer
 from drivetrain._distributed import (
+    TASK_PROCESS_ENV,
     check_not_batch_shell,
+    check_slurm_world,
     expand_hostlist,
     expand_tasks_per_node,
     rerun_slurm_task,
     slurm_step,
+    task_process,
+    task_processes_asked,
     torchrun_variables,
 )
+from drivetrain._distributed.slurm import claim_task_processes
 from drivetrain.backend import DriverError
 
 from .conftest import drivetrain_numpy, make_regression
@@ -28,9 +35,8 @@ STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8
 
 @pytest.fixture
 def no_slurm(monkeypatch):
-    import os
-
-    for name in [n for n in os.environ if n.startswith("SLURM_") or n in ("MASTER_PORT", "MASTER_ADDR")]:
+    for name in [n for n in os.environ if n.startswith("SLURM_") or n in ("MASTER_PORT", "MASTER_ADDR",
+                                                                           TASK_PROCESS_ENV)]:
         monkeypatch.delenv(name)
     return monkeypatch
 
@@ -121,8 +127,6 @@ def test_the_batch_shell_of_a_job_of_several_tasks_is_refused_without_srun(no_sl
 def test_a_task_that_cannot_run_its_program_again_is_refused_with_the_line_that_works(no_slurm) -> None:
     """jax, oneflow and jittor re-run a task of srun in its place (tested under the real Slurm); a program that
     cannot be run again (here: pytest; python -c, a notebook) is refused before anything changes."""
-    import os
-
     for name, value in STEP.items():
         no_slurm.setenv(name, value)
     with pytest.raises(DriverError, match=r"task 5 of a Slurm step of 8 tasks, which join one oneflow run by running "
@@ -132,3 +136,44 @@ def test_a_task_that_cannot_run_its_program_again_is_refused_with_the_line_that_
         rerun_slurm_task(slurm_step(), {"RANK": "5"}, framework="oneflow", reason="oneflow joins at import",
                          start_yourself="srun -n 8 python train.py")
     assert "RANK" not in os.environ or os.environ["RANK"] != "5"
+
+
+def test_each_task_running_nproc_processes_counts_them_in_the_ranks(no_slurm) -> None:
+    """nproc=3 in each task of the 8-task step of STEP: a run of 24, task 5 (second task of node03) is ranks
+    15..17, local ranks 3..5 of the node's 6; the processes the Trainer starts know their place from the
+    variable drivetrain sets, a driver that cannot take it is refused, and one that re-runs the task names the
+    srun line that works."""
+    for name, value in STEP.items():
+        no_slurm.setenv(name, value)
+    no_slurm.setenv(TASK_PROCESS_ENV, "")  # unset (empty) now and after the test, whatever the claim writes
+    with task_processes_asked(3) as task:
+        own = claim_task_processes(slurm_step(), torchrun_variables)
+    assert task is not None and task.step is not None and task.step.rank == 5
+    assert (own.rank, own.world_size, own.local_rank, own.local_world_size, own.node_rank) == (15, 24, 3, 6, 2)
+    assert os.environ[TASK_PROCESS_ENV] == "0/3" and slurm_step() == own
+    assert [own.host_of(r) for r in range(0, 24, 6)] == ["node01", "node02", "node03", "gpu7"]
+    assert own.host_of(17) == "node03" and own.master_addr == "node01"
+    children = {rank: task.child_env(rank) for rank in (16, 17)}
+    assert [(env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env[TASK_PROCESS_ENV])
+            for env in children.values()] == [("16", "4", "24", "6", "1/3"), ("17", "5", "24", "6", "2/3")]
+    assert {env["MASTER_ADDR"] for env in children.values()} == {"node01"}
+    assert {env["MASTER_PORT"] for env in children.values()} == {str(20000 + 4242)}
+    no_slurm.setenv(TASK_PROCESS_ENV, "2/3")  # what process 2 sees
+    assert (slurm_step().rank, slurm_step().local_rank, task_process()) == (17, 5, (2, 3))
+    with task_processes_asked(3) as again:
+        assert again is None  # a process the Trainer started starts none of its own
+    no_slurm.setenv(TASK_PROCESS_ENV, "3/3")
+    with pytest.raises(DriverError, match="is not 'index/count'"):
+        slurm_step()
+    no_slurm.delenv(TASK_PROCESS_ENV)
+    with task_processes_asked(3), pytest.raises(DriverError, match=r"nproc=3 in task 5 of a Slurm step of 8 tasks, "
+                                                                   r"but the jittor driver .* Let srun start all 24 "
+                                                                   r"processes, without nproc=: srun --mpi=pmix -n 24 "
+                                                                   r"python train\.py\.$"):
+        rerun_slurm_task(slurm_step(), {}, framework="jittor", reason="jittor joins MPI at import",
+                         start_yourself="srun --mpi=pmix -n {n} python train.py")
+    with pytest.raises(DriverError, match=r"nproc=3 in task 5 of a Slurm step of 8 tasks, but the 'numpy' driver "
+                                          r"runs this process as one of 3 .* drop nproc="):
+        check_slurm_world("numpy", 3, 3)  # a driver that started its own 3: two runs, refused
+    with task_processes_asked(1) as one:
+        assert one is None  # nproc=1: no processes to start

@@ -59,4 +59,4 @@ def rerun(step: SlurmStep) -> NoReturn:
     rerun_slurm_task(step, {}, framework="jax", command=worker_command,
                      reason="JAX was used before the Trainer, and jax.distributed.initialize must come first: "
                      "python -m drivetrain_jax.run joins the tasks before the script runs",
-                     start_yourself=f"srun -n {step.world_size} python -m drivetrain_jax.run train.py")
+                     start_yourself="srun -n {n} python -m drivetrain_jax.run train.py")

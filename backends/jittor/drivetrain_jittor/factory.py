@@ -70,7 +70,7 @@ def join_slurm_step(step: SlurmStep) -> NoReturn:
     rerun_slurm_task(step, variables, framework="jittor",
                      reason="with OpenMPI's OMPI_COMM_WORLD_* variables set: jittor joins MPI when it is imported, "
                      "only where mpirun's variables are, and the script imported it before the Trainer",
-                     start_yourself=f"srun --mpi=pmix -n {n} python train.py")
+                     start_yourself="srun --mpi=pmix -n {n} python train.py")
 
 
 create_driver = module_driver_factory(JittorSingleDriver, _distributed)

@@ -65,7 +65,7 @@ def rerun(step: SlurmStep) -> NoReturn:
     rerun_slurm_task(step, torchrun_variables(step), framework="oneflow",
                      reason="with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set: oneflow joins its peers when it "
                      "is imported, and the script imported it before the Trainer",
-                     start_yourself=f"srun -n {step.world_size} python train.py")
+                     start_yourself="srun -n {n} python train.py")
 
 
 def _initial_environment() -> dict[str, str]:

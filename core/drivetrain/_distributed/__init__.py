@@ -42,13 +42,18 @@ from .options import (
 )
 from .sharded_engine import ShardedEngineMixin
 from .slurm import (
+    TASK_PROCESS_ENV,
     SlurmStep,
+    TaskProcesses,
     check_not_batch_shell,
     check_slurm_world,
     expand_hostlist,
     expand_tasks_per_node,
     rerun_slurm_task,
     slurm_step,
+    start_task_processes,
+    task_process,
+    task_processes_asked,
     torchrun_variables,
 )
 from .spawn import (
@@ -75,13 +80,13 @@ __all__ = [
     "COMM_ERROR_MARKERS", "CheckedStore", "CollectiveGuard", "DataSharding", "DeviceRules", "DeviceSlot",
     "DistPlan", "DistributedDriverMixin", "FailureBoard", "FolderStore", "LAUNCH_OPTION_DOCS", "LOCALHOST",
     "Launcher", "LauncherEnv", "LauncherVars", "READY_KEY", "SPAWN_PARENT_ENV", "ShardedEngineMixin",
-    "SlurmStep", "ThreadStore", "Watchdog", "broadcast_pickled", "check_distinct_devices",
+    "SlurmStep", "TASK_PROCESS_ENV", "TaskProcesses", "ThreadStore", "Watchdog", "broadcast_pickled", "check_distinct_devices",
     "check_enough_gpus", "check_launched_layout", "check_layout_arguments", "check_not_batch_shell",
     "check_process_count", "check_slurm_world", "choice_option", "die_with_parent", "end_process",
     "env_address", "env_int", "env_master", "exception_summary", "exit_description", "expand_hostlist",
     "expand_tasks_per_node", "flat_buckets", "free_ports", "gather_pickled", "local_launch_env",
     "loopback_env", "one_gpu_for_many", "plan_options", "process_group_backend", "processes_wanted",
     "pump_output", "read_launcher_env", "reduce_gathered", "reducible_array", "refuse_late_options",
-    "relaunch_command", "rerun_slurm_task", "settle_at_exit", "slurm_step", "spawn_request", "startup_patience",
-    "timeout_option", "torchrun_variables", "wrapper_options"
+    "relaunch_command", "rerun_slurm_task", "settle_at_exit", "slurm_step", "spawn_request", "start_task_processes",
+    "startup_patience", "task_process", "task_processes_asked", "timeout_option", "torchrun_variables", "wrapper_options"
 ]

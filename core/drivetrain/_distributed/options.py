@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._common import DriverError, bool_option
-from .slurm import SlurmStep, slurm_step
+from .slurm import SlurmStep, claim_task_processes, slurm_step, task_process
 
 LAUNCHES = ("existing", "env", "spawned", "spawn")
 SPAWN_OUTPUTS = ("inherit", "prefix")
@@ -155,7 +155,8 @@ class LauncherVars:
     gpu: str = "cuda"
     from_slurm: Callable[[SlurmStep], Mapping[str, str]] | None = None
     """This launcher's variables for a task of a Slurm step (``srun -n N``), set when none of them is: the
-    step's tasks then form one run. None: this backend cannot take its layout from Slurm (refused)."""
+    step's tasks then form one run, also where each task's Trainer runs ``nproc=`` processes (the function is
+    given each one's place). None: this backend cannot take its layout from Slurm (refused)."""
 
     def words(self) -> tuple[str, str]:
         """(rank word, local rank word) used in messages."""
@@ -179,7 +180,7 @@ def read_launcher_env(names: LauncherVars) -> LauncherEnv | None:
         step = slurm_step()
         if step is None or names.from_slurm is None:
             return None  # a step this backend cannot join is refused when the driver is built (check_slurm_world)
-        os.environ.update(names.from_slurm(step))
+        os.environ.update(names.from_slurm(claim_task_processes(step, names.from_slurm)))
     missing = [name for name in (rank_var, world_var) if name not in os.environ]
     if missing:
         present = rank_var if rank_var in os.environ else world_var
@@ -211,8 +212,15 @@ def read_launcher_env(names: LauncherVars) -> LauncherEnv | None:
 
 
 def check_launched_layout(nproc: Any, device: Any, env: LauncherEnv, names: LauncherVars) -> None:
-    """``nproc=`` and a device list must fit the run the launcher started (one listed device per local process)."""
-    check_process_count(nproc, env.world_size, names.world_size, start=names.start)
+    """``nproc=`` and a device list must fit the run the launcher started (one listed device per local process);
+    in one of the processes a Slurm task runs, ``nproc=`` counts that task's."""
+    place = task_process()
+    if place is None:
+        check_process_count(nproc, env.world_size, names.world_size, start=names.start)
+    elif nproc is not None and nproc != place[1]:
+        raise DriverError(
+            f"nproc={nproc} but this is process {place[0]} of the {place[1]} its Slurm task runs (nproc={place[1]} "
+            "in the task's own process): build the Trainer with the same nproc= in every process.")
     if isinstance(device, (list, tuple)) and len(device) != env.local_world_size:
         raise DriverError(
             f"device={list(device)!r} lists {len(device)} device(s) but this machine runs "

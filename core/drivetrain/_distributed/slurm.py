@@ -9,23 +9,33 @@ imported, JAX before its first computation), used alone by the script before the
 in its place with the variables it joins by (:func:`rerun_slurm_task`). The shell of ``sbatch`` or ``salloc``
 is not a step: its ``SLURM_NTASKS`` counts tasks that ``srun`` would start, so a process run there directly
 trains alone (:func:`check_not_batch_shell`).
+
+``nproc=G`` in the Trainer of each of a step's T tasks (one task per node, each starting G processes) makes one
+run of T x G processes where the backend takes its layout from Slurm's variables: process ``i`` of task
+``SLURM_PROCID`` is rank ``SLURM_PROCID * G + i``, local rank ``SLURM_LOCALID * G + i`` of the node's tasks x G.
+The task's own process is ``i = 0``; the Trainer starts the others with the launcher variables of their place
+(:class:`TaskProcesses`), and each process's place is written in :data:`TASK_PROCESS_ENV`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import NoReturn
 
 from .._common import DriverError
-from .spawn import relaunch_command, why_not_rerunnable
+from .spawn import Launcher, relaunch_command, why_not_rerunnable
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 """A step's rendezvous port, unless ``MASTER_PORT`` names one: ``PORT_BASE + job id % PORT_SPAN``, so two jobs
 sharing a node rarely collide and every task of one job computes the same port."""
+TASK_PROCESS_ENV = "DRIVETRAIN_SLURM_TASK_PROCESS"
+"""``"i/G"``: this is process ``i`` of the ``G`` one task of a Slurm step runs (``nproc=G`` in its Trainer; the
+task's own process is 0, the Trainer started the others)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +51,18 @@ class SlurmStep:
     hosts: tuple[str, ...]
     """The step's nodes in order (``SLURM_STEP_NODELIST`` expanded)."""
     tasks_per_node: tuple[int, ...]
+    """Processes per node, in the order of ``hosts`` (Slurm's tasks, times ``per_task``)."""
     restart_count: int
+    per_task: int | None = None
+    """``G`` where each task runs ``G`` processes (``nproc=G``; the ranks count processes, not tasks), else None."""
+
+    def task_process(self, index: int, count: int) -> SlurmStep:
+        """Process ``index`` of the ``count`` this task runs, as a place among every task's ``count`` processes
+        (rank ``rank * count + index``, local rank ``local_rank * count + index``)."""
+        return dataclasses.replace(
+            self, rank=self.rank * count + index, world_size=self.world_size * count,
+            local_rank=self.local_rank * count + index, local_world_size=self.local_world_size * count,
+            tasks_per_node=tuple(tasks * count for tasks in self.tasks_per_node), per_task=count)
 
     @property
     def master_addr(self) -> str:
@@ -122,7 +143,28 @@ def _int(name: str, default: int | None = None) -> int:
 
 def slurm_step() -> SlurmStep | None:
     """This process's place in a Slurm step of several tasks (``srun -n N``), or None: not under Slurm, in the
-    batch shell, or a step of one task."""
+    batch shell, or a step of one task. In a step whose tasks each run ``nproc=`` processes
+    (:data:`TASK_PROCESS_ENV`), the place of this process among all of them."""
+    step = _task_step()
+    place = task_process()
+    return step.task_process(*place) if step is not None and place is not None else step
+
+
+def task_process() -> tuple[int, int] | None:
+    """``(index, count)``: this is process ``index`` of the ``count`` its Slurm task runs (``nproc=count``), or
+    None where the task runs only itself."""
+    value = os.environ.get(TASK_PROCESS_ENV)
+    if not value:
+        return None
+    match = re.fullmatch(r"(\d+)/(\d+)", value)
+    if match is None or not int(match.group(1)) < int(match.group(2)):
+        raise DriverError(f"{TASK_PROCESS_ENV}={value!r} is not 'index/count' with index < count; drivetrain sets "
+                          "it in the processes a Slurm task's Trainer starts: unset it.")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _task_step() -> SlurmStep | None:
+    """The task's own place in the step (Slurm's variables), or None."""
     if "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" not in os.environ:
         return None
     world = _int("SLURM_STEP_NUM_TASKS", _int("SLURM_NTASKS", 1))
@@ -170,22 +212,105 @@ def check_not_batch_shell(nproc: object, world_size: int = 1) -> None:
 
 def check_slurm_world(driver_name: str, world_size: int, nproc: object) -> None:
     """Never N independent runs under ``srun -n N``: a driver built in a Slurm step of several tasks must be
-    one of those tasks' run (``world_size`` equal to the step's, or a framework launcher's own larger one)."""
+    one of those tasks' run (``world_size`` equal to the step's, every task's ``nproc=`` processes counted, or a
+    framework launcher's own larger one)."""
     step = slurm_step()
     if step is None:
         return
-    if nproc is not None:
+    if step.per_task is not None:
+        if world_size != step.world_size:
+            raise DriverError(
+                f"this process is rank {step.rank} of the {step.world_size} processes of a Slurm step whose tasks "
+                f"each run nproc={step.per_task}, but the {driver_name!r} driver runs it as {world_size} process(es) "
+                "of its own; build every Trainer of the run with a driver that takes its place from Slurm's "
+                "variables (torch, paddle) and the same nproc=.")
+        return
+    if nproc is not None and world_size > 1:
         raise DriverError(
-            f"nproc={nproc!r} in task {step.rank} of a Slurm step of {step.world_size} tasks: every task would start "
-            f"its own {nproc} processes as a run of its own. Let srun start them all (srun -n "
-            f"{step.world_size * nproc if isinstance(nproc, int) else 'N'} python train.py, without nproc=), or run "
-            "one task per node (srun -N <nodes> --ntasks-per-node 1) with a framework launcher such as torchrun.")
+            f"nproc={nproc!r} in task {step.rank} of a Slurm step of {step.world_size} tasks, but the "
+            f"{driver_name!r} driver runs this process as one of {world_size} that Slurm's variables did not "
+            "place (a launcher inside srun, such as torchrun, placed it, or the driver started its own): drop "
+            "nproc= where a launcher started the processes (it decides how many run). nproc= per task works "
+            "with the drivers that take their place from Slurm's variables (torch, paddle; see "
+            "docs/clusters.md).")
     if world_size == 1:
         raise DriverError(
             f"this process is task {step.rank} of a Slurm step of {step.world_size} tasks (SLURM_PROCID, "
             f"SLURM_NTASKS), but the {driver_name!r} driver runs it as a process of its own: the tasks would "
             f"train {step.world_size} independent copies. Use the driver's distributed form under srun (see "
             "docs/clusters.md), start one task (srun -n 1), or start the framework's launcher with srun.")
+
+
+@dataclasses.dataclass
+class TaskProcesses:
+    """``nproc=count`` asked in a task of a Slurm step of several tasks, while its Trainer builds the driver.
+
+    Once the backend takes its place from Slurm's variables (:func:`claim_task_processes`), ``step`` is the
+    task's own place and ``variables`` the backend's launcher variables for a place (its
+    ``LauncherVars.from_slurm``); :func:`start_task_processes` starts the task's other processes with them.
+    """
+
+    count: int
+    step: SlurmStep | None = None
+    variables: Callable[[SlurmStep], Mapping[str, str]] | None = None
+
+    def child_env(self, rank: int) -> dict[str, str]:
+        """The variables of the process of global ``rank`` among this task's."""
+        assert self.step is not None and self.variables is not None, "claim_task_processes first"
+        index = rank - self.step.rank * self.count
+        return {**self.variables(self.step.task_process(index, self.count)),
+                TASK_PROCESS_ENV: f"{index}/{self.count}"}
+
+
+_asked: TaskProcesses | None = None
+
+
+@contextlib.contextmanager
+def task_processes_asked(nproc: object) -> Iterator[TaskProcesses | None]:
+    """While a driver is built: ``nproc=`` (an int > 1) in a task of a Slurm step of several tasks, which runs
+    that many processes if the backend takes its place from Slurm's variables (yields the request; None where
+    there is no such task, or this process is already one of a task's processes)."""
+    global _asked
+    wanted = nproc if isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 1 else None
+    _asked = TaskProcesses(wanted) if wanted and task_process() is None and _task_step() is not None else None
+    try:
+        yield _asked
+    finally:
+        _asked = None
+
+
+def claim_task_processes(step: SlurmStep, variables: Callable[[SlurmStep], Mapping[str, str]]) -> SlurmStep:
+    """The place of a process whose backend takes it from Slurm's variables (``variables``: its launcher's for
+    a place): where the Trainer asks ``nproc=`` processes of each task (:func:`task_processes_asked`), this
+    task's process 0 among every task's processes (also written in :data:`TASK_PROCESS_ENV`), else ``step``."""
+    request = _asked
+    if request is None or request.step is not None or step.per_task is not None:
+        return step
+    request.step, request.variables = step, variables
+    os.environ[TASK_PROCESS_ENV] = f"0/{request.count}"
+    return step.task_process(0, request.count)
+
+
+def start_task_processes(request: TaskProcesses, *, timeout: float, output: str, timeout_option: str) -> Launcher:
+    """Start processes 1..count-1 of this Slurm task (``nproc=count``), each running this program again with the
+    launcher variables of its place; they join the run with this process and every other task's. The launcher
+    watches them as it watches the processes of ``nproc=`` outside Slurm (they die with this process; at exit it
+    waits for them and fails when one failed)."""
+    step, count = request.step, request.count
+    assert step is not None, "claim_task_processes first"
+    total = step.world_size * count
+    why = why_not_rerunnable()
+    if why is not None:
+        raise DriverError(
+            f"nproc={count} in task {step.rank} of a Slurm step of {step.world_size} tasks starts the task's other "
+            f"{count - 1} process(es) by running its program again, but {why}. Put the training in a script file "
+            f"and start it with srun as now (srun -n {step.world_size} python train.py), or let srun start all "
+            f"{total} processes with this program, without nproc= (srun -n {total} ...).")
+    launcher = Launcher(total, timeout, output, relaunch_command(f"srun -n {total} python train.py"),
+                        timeout_option=timeout_option, mark_children=False)
+    first = step.rank * count
+    launcher.start(None, request.child_env, ranks=range(first + 1, first + count))
+    return launcher
 
 
 def rerun_slurm_task(step: SlurmStep, variables: Mapping[str, str], *, framework: str, reason: str,
@@ -197,7 +322,17 @@ def rerun_slurm_task(step: SlurmStep, variables: Mapping[str, str], *, framework
     runs twice, and the second time the framework joins the step's other tasks. Rank 0 says so in one line
     (``reason``: why the framework needs it). ``command(start_yourself)`` is the command line to run
     (default: this program's, :func:`~drivetrain.backend.relaunch_command`); a program that cannot be run again
-    (a notebook, ``python -c``, pytest) is refused, naming ``start_yourself``, the line to start a script with."""
+    (a notebook, ``python -c``, pytest) is refused, naming ``start_yourself``, the line to start a script with
+    (``{n}`` in it stands for the number of tasks). So is ``nproc=`` per task (:func:`task_processes_asked`):
+    a task that runs its program again in its place cannot also start processes of its own."""
+    if _asked is not None:
+        total = step.world_size * _asked.count
+        raise DriverError(
+            f"nproc={_asked.count} in task {step.rank} of a Slurm step of {step.world_size} tasks, but the "
+            f"{framework} driver joins the step's tasks by running each one's program again in its place ({reason}), "
+            f"so a task cannot also start processes of its own. Let srun start all {total} processes, without "
+            f"nproc=: {start_yourself.format(n=total)}.")
+    start_yourself = start_yourself.format(n=step.world_size)
     why = why_not_rerunnable()
     if why is not None:
         raise DriverError(

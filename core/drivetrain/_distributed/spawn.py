@@ -343,11 +343,14 @@ class Launcher:
     ``timeout_option`` names the option that sets ``timeout`` (e.g.
     ``"torch_kwargs['timeout']"``), for the messages. ``drop_env`` lists prefixes of
     variables not passed on (those of a launcher this process may itself run under).
+    ``mark_children=False`` leaves :data:`SPAWN_PARENT_ENV` out of the children's environment: they
+    join as a framework launcher's processes would (the processes of a Slurm task's ``nproc=``).
     """
 
     def __init__(self, world_size: int, timeout: float, output: str, command: list[str], *,
-                 timeout_option: str, drop_env: tuple[str, ...] = ()) -> None:
+                 timeout_option: str, drop_env: tuple[str, ...] = (), mark_children: bool = True) -> None:
         self.world_size = world_size
+        self.mark_children = mark_children
         self.timeout = timeout
         self.output = output
         self.command = command
@@ -363,12 +366,14 @@ class Launcher:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ starting
-    def start(self, store: Store, child_env: Callable[[int], Mapping[str, str]]) -> None:
-        """Start ranks 1..N-1 with this environment plus ``child_env(rank)``; ``store`` is the run's store
-        (a :class:`FolderStore` is removed at exit, once every child ended)."""
+    def start(self, store: Store | None, child_env: Callable[[int], Mapping[str, str]],
+              ranks: Iterable[int] | None = None) -> None:
+        """Start ``ranks`` (default 1..N-1) with this environment plus ``child_env(rank)``; ``store`` is the run's
+        store (a :class:`FolderStore` is removed at exit, once every child ended), or None where the children
+        meet in the framework's own (no :meth:`wait_ready`, no exit notices: their exit codes name them)."""
         self.store = store
         atexit.register(self._at_exit)
-        self._spawn(range(1, self.world_size), child_env)
+        self._spawn(range(1, self.world_size) if ranks is None else ranks, child_env)
         threading.Thread(target=self._monitor, name="drivetrain-monitor", daemon=True).start()
 
     def supervise(self, child_env: Callable[[int], Mapping[str, str]]) -> NoReturn:
@@ -402,7 +407,8 @@ class Launcher:
         """Start ``ranks`` running the command; they die with this process (Linux)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(self.drop_env)} if self.drop_env \
             else dict(os.environ)
-        env[SPAWN_PARENT_ENV] = str(os.getpid())
+        if self.mark_children:
+            env[SPAWN_PARENT_ENV] = str(os.getpid())
         piped = self.output == "prefix"
         if piped:
             env["PYTHONUNBUFFERED"] = "1"

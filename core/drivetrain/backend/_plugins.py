@@ -24,7 +24,12 @@ from typing import Any
 import pluggy
 
 from .._common import ConfigurationError, DriverNotFoundError, PluginLoadError, __version__, did_you_mean
-from .._distributed import check_not_batch_shell, check_slurm_world
+from .._distributed import (
+    check_not_batch_shell,
+    check_slurm_world,
+    start_task_processes,
+    task_processes_asked,
+)
 from ._driver import CONTRACT_VERSION, Capabilities, Driver
 from ._weight_layout import NEUTRAL, WeightLayout
 
@@ -562,7 +567,16 @@ def build_driver(driver: Any, model: Any, device: Any, **options: Any) -> Driver
             f"driver={driver!r} is not accepted; pass a driver name ('torch', 'paddle', ...), 'auto', or a Driver."
         )
     nproc = options.get("nproc")
-    built = create_driver(driver, model, device, **options)
+    with task_processes_asked(nproc) as task:  # nproc= in each task of srun: the backend may take it per task
+        built = create_driver(driver, model, device, **options)
     check_not_batch_shell(nproc, built.world_size)
     check_slurm_world(built.name, built.world_size, nproc)
+    if task is not None and task.step is not None:  # the backend placed this task's process 0: start the others
+        plan = getattr(built, "plan", None)
+        launcher = start_task_processes(task, timeout=getattr(plan, "timeout", 60.0),
+                                        output=getattr(plan, "spawn_output", "inherit"),
+                                        timeout_option=f"{built.name}_kwargs['timeout']")
+        guard = getattr(built, "_guard", None)
+        if guard is not None:  # a CollectiveGuard names a child that failed, stops them when this process fails
+            guard.launcher = launcher
     return built

@@ -2,7 +2,8 @@
 (paddle's variables taken from Slurm's), the same as the Trainer's own ``nproc=2``, evaluation and
 prediction included; a job preempted by ``scancel --signal=USR1`` stops both ranks at one step, saves, closes
 its records as preempted, requeues itself and, resumed, ends with the parameters of the unbroken ``nproc=2``
-run (torch's test does the same: tests/torch/distributed/test_slurm.py)."""
+run (torch's test does the same: tests/torch/distributed/test_slurm.py); ``srun -n 2`` with ``nproc=2`` in each
+task is one run of 4, equal to ``nproc=4``."""
 
 from __future__ import annotations
 
@@ -55,3 +56,21 @@ def test_srun_n2_is_one_run_equal_to_nproc_2_and_a_preempted_job_resumes_exactly
     for rank in (0, 1):
         expected = json.loads((spawned / f"slurmnproc-rank{rank}.json").read_text())
         assert second[rank]["params"] == expected["params"], rank  # bit-identical: floats in full in JSON
+
+
+def test_each_task_starting_nproc_processes_is_one_run_equal_to_nproc_4(slurm_cluster, tmp_path) -> None:
+    """srun -n 2 with nproc=2 in each task's Trainer: one run of 4 (paddle's variables of each process taken from
+    Slurm's and its place among the task's), the parameters of the Trainer's own nproc=4."""
+    spawned, srun = tmp_path / "nproc", tmp_path / "srun"
+    for folder in (spawned, srun):
+        folder.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    subprocess.run([sys.executable, str(SCRIPT), "train", str(spawned), "slurm", "--nproc", "4"], check=True,
+                   timeout=240, env=env, cwd=tmp_path)
+    slurm_cluster.run(["srun", "-n", "2", sys.executable, str(SCRIPT), "train", str(srun), "slurm", "--nproc", "2"],
+                      timeout=240, cwd=tmp_path)
+    for rank in range(4):
+        expected = json.loads((spawned / f"slurmnproc-rank{rank}.json").read_text())
+        got = json.loads((srun / f"slurm0-rank{rank}.json").read_text())
+        assert (got["rank"], got["world_size"], got["steps"]) == (rank, 4, [0, 6]), got
+        assert got["params"] == expected["params"], rank  # bit-identical: floats in full in JSON

@@ -16,10 +16,12 @@ import argparse
 import os
 import time
 
-import numpy as np
-import torch
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # up to 8 processes share the test machine's cores
 
-from drivetrain import Callback, CheckpointCallback, Trainer
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from drivetrain import Callback, CheckpointCallback, Trainer  # noqa: E402
 
 torch.manual_seed(0)
 

@@ -21,14 +21,14 @@ slurm_cluster = _slurm.slurm_cluster
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
 
-def _reference(tmp_path: Path) -> dict[str, np.ndarray]:
-    """The same training started by the Trainer itself (nproc=2), outside Slurm."""
+def _reference(tmp_path: Path, nproc: int = 2) -> dict[str, np.ndarray]:
+    """The same training started by the Trainer itself (``nproc``), outside Slurm."""
     out = tmp_path / "nproc"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    subprocess.run([sys.executable, str(SCRIPT), str(out), "--nproc", "2"], check=True, timeout=180, env=env,
+    subprocess.run([sys.executable, str(SCRIPT), str(out), "--nproc", str(nproc)], check=True, timeout=180, env=env,
                    cwd=ROOT)
-    return dict(np.load(out / "final-nproc2.npz"))
+    return dict(np.load(out / f"final-nproc{nproc}.npz"))
 
 
 def _equal(got: Path, expected: dict[str, np.ndarray]) -> None:
@@ -58,6 +58,19 @@ def test_srun_is_one_run_and_a_preempted_job_requeues_and_resumes_exactly(slurm_
     lines = (out / "ranks.txt").read_text().split("\n")[:-1]
     stopped = [line for line in lines if not line.endswith(" 12")]
     assert len(stopped) == 2 and len({line.split()[3] for line in stopped}) == 1, lines  # both at one step
+
+
+def test_each_task_starting_nproc_processes_is_one_run_of_all_of_them(slurm_cluster, tmp_path) -> None:
+    """srun -n 2 with nproc=2 in each task's Trainer (on several nodes: srun -N 2 --ntasks-per-node 1): one run of
+    4 processes, the parameters of nproc=4."""
+    expected = _reference(tmp_path, nproc=4)
+    out = tmp_path / "srun"
+    out.mkdir()
+    slurm_cluster.run(["srun", "-n", "2", sys.executable, str(SCRIPT), str(out), "--nproc", "2"], timeout=180,
+                      cwd=ROOT)
+    ranks = sorted((out / "ranks.txt").read_text().split("\n")[:-1])
+    assert ranks == [f"{rank} 4 0 6" for rank in range(4)], ranks  # 96 samples / (8 x 4) x 2 epochs
+    _equal(out / "final-nproc2.npz", expected)  # the script names the file by its nproc=
 
 
 def test_python_in_the_batch_shell_of_a_two_task_job_is_refused(slurm_cluster, tmp_path) -> None:
