@@ -12,12 +12,15 @@ import enum
 import math
 import os
 import re
+import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._common import ConfigurationError, EarlyStopException
+from .._checkpoint import HostBuffers
+from .._common import ConfigurationError, EarlyStopException, logger
 from .._format import CheckpointError, remove_checkpoint
 from .args import (
     check_bool,
@@ -54,6 +57,19 @@ class _Due:
 
     periodic: bool = False
     best: float | None = None  # the best top-k value evaluated at this step
+
+
+@dataclass
+class _Pending:
+    """A background save in flight: what to do once it is committed (``done``: rotation) or has failed
+    (``failed``: forget its name), and (distributed) the step of the next shared check whether every rank's
+    writer has finished; the gap between checks doubles, so a long write costs a few collectives."""
+
+    save: Any  # a PendingSave
+    done: Callable[[], None]
+    failed: Callable[[], None]
+    check_at: int
+    gap: int = 1
 
 
 @dataclass
@@ -109,6 +125,19 @@ class CheckpointCallback(Callback):
     Frozen parameters (a base model under an adapter) are left out of every save and fingerprinted in
     its manifest, unless ``save_frozen=True`` (see ``Trainer.save_checkpoint``).
 
+    ``background=True``: periodic and top-k saves stop the loop only while the state is copied to host
+    memory; a worker thread writes the files (checksums, manifest, rename into place) while training goes on,
+    and old checkpoints are rotated out only once the new one is in place. At most one save is in flight: the
+    next save (and the end of the run) first waits for it. A write that failed raises in the loop at the next
+    save, at the next check that finds it finished, or when training ends, like a foreground save's error.
+    ``last`` and ``exception-...`` are written in the foreground, after the save in flight. When training
+    raises, the save in flight is still completed (in a distributed run, a sharded one only with
+    ``save_on_exception``, whose save joins every rank anyway; otherwise its temporary folder is left for the
+    next resume to remove) and a failure of it is a warning, not a replacement of the training error.
+    A distributed run commits a background save (the ranks agree that every file is written; a sharded save's
+    manifest and rename) on the main thread of every rank, at a step boundary checked 1, 2, 4, ... batches
+    after the save, so the worker threads never call a collective.
+
     ``save_object="trainer"`` writes full checkpoints (resumable, see
     ``Trainer.save_checkpoint``); ``"model"`` writes only ``model.safetensors``
     (``Trainer.save_model``, loadable with ``Trainer.load_model``).
@@ -145,6 +174,8 @@ class CheckpointCallback(Callback):
         load_best_model_at_end: load the best top-k checkpoint's weights when training ends normally.
         allow_pickle: pickle callback states that are not plain data.
         save_frozen: also write frozen parameters (a base model under an adapter).
+        background: write periodic and top-k checkpoints on a worker thread while training goes on (the loop
+            waits only for the copy of the state to host memory; needs ``save_object="trainer"``).
 
     Raises:
         ConfigurationError: an argument is wrong (a count below 1, ``topk`` without evaluation, both
@@ -185,13 +216,14 @@ class CheckpointCallback(Callback):
         load_best_model_at_end: bool = False,
         allow_pickle: bool = False,
         save_frozen: bool = False,
+        background: bool = False,
     ) -> None:
         limit_name, limit = _keep_last_n(keep_last_n, save_total_limit)
         _check_options(folder, every_n_batches=every_n_batches, every_n_epochs=every_n_epochs,
                        every_n_seconds=every_n_seconds, save_last=save_last, save_on_exception=save_on_exception,
                        topk=topk, monitor=monitor, larger_better=larger_better, save_object=save_object,
                        limit_name=limit_name, limit=limit, load_best_model_at_end=load_best_model_at_end,
-                       allow_pickle=allow_pickle, save_frozen=save_frozen)
+                       allow_pickle=allow_pickle, save_frozen=save_frozen, background=background)
         self.folder = os.path.abspath(os.fspath(folder))
         self.every_n_batches = every_n_batches
         self.every_n_epochs = every_n_epochs
@@ -206,6 +238,10 @@ class CheckpointCallback(Callback):
         self.load_best_model_at_end = load_best_model_at_end
         self.allow_pickle = allow_pickle
         self.save_frozen = save_frozen
+        self.background = background
+        self._pending: _Pending | None = None  # background=True: the save in flight
+        self._buffers = HostBuffers() if background else None  # the host memory its copies reuse
+        self._removals: list[threading.Thread] = []  # background=True: old checkpoints' files being deleted
         self._monitor: Any = None  # the top-k monitor and direction, resolved against the trainer
         self._larger_better = True
         self._phase = _Phase.IDLE
@@ -267,7 +303,10 @@ class CheckpointCallback(Callback):
         self._phase = _Phase.IN_EPOCH
 
     def on_fetch_data_begin(self, trainer: Any) -> None:
-        due = self._due  # called before every batch: the usual case, nothing due, costs two checks
+        pending = self._pending
+        if pending is not None and trainer.global_forward_batches >= pending.check_at:
+            self._check_pending(trainer, pending)
+        due = self._due  # called before every batch: the usual case, nothing due, costs three checks
         if due.periodic or due.best is not None:
             self._write_due(trainer, in_epoch=True)
 
@@ -298,11 +337,13 @@ class CheckpointCallback(Callback):
         if isinstance(exception, EarlyStopException):
             return  # a normal end: `last` is still written
         self._phase = _Phase.FAILED
+        # A single process commits alone; with several, the commit joins every rank, as the exception save does.
+        self._settle_pending(trainer, exception, commit=self.save_on_exception or not trainer.driver.is_distributed())
         if not self.save_on_exception:
             return
         name = f"exception-{step_label(trainer.global_forward_batches)}"
         try:
-            self._save(trainer, name)
+            self._save(trainer, name, foreground=True)
         except Exception as exc:  # the training error matters more than this one
             warnings.warn(f"{_OWNER} could not save {os.path.join(self.folder, name)} after "
                           f"{type(exception).__name__}: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
@@ -311,10 +352,16 @@ class CheckpointCallback(Callback):
         phase, self._phase = self._phase, _Phase.IDLE
         if phase is _Phase.FAILED:
             self._due = _Due()  # the state may be mid-batch: not resumable
+            self._settle_pending(trainer, None, commit=not trainer.driver.is_distributed())
+            self._join_removals()
             return
         self._write_due(trainer, in_epoch=phase is _Phase.IN_EPOCH)
+        try:
+            self._finish_pending(trainer)  # the run ends with every save in place, or raises why one is not
+        finally:
+            self._join_removals()
         if self.save_last:
-            self._save(trainer, LAST)
+            self._save(trainer, LAST, foreground=True)
         if self.load_best_model_at_end:
             if self._best:
                 load_best(trainer, self, f"{_OWNER}(load_best_model_at_end=True)")
@@ -387,22 +434,25 @@ class CheckpointCallback(Callback):
         if step == self._last_periodic_step:
             return  # this state is saved already (a resume that re-runs the end of an epoch)
         name = f"{step_label(step)}-epoch_{epoch}-batch_{batches}"
+        self._finish_pending(trainer)  # before the lists change: its own rotation uses them
         previous = list(self._periodic), self._last_periodic_step
         self._periodic = [n for n in self._periodic if n != name] + [name]
         self._last_periodic_step = step
-        try:
-            self._save(trainer, name)
-        except BaseException:
+
+        def failed() -> None:
             self._periodic, self._last_periodic_step = previous
-            raise
+
+        def rotate() -> None:
+            limit = self.keep_last_n
+            if limit is not None and len(self._periodic) > limit:
+                # The newest (just completed) is last in the list and limit >= 1: it is never deleted.
+                doomed, self._periodic = self._periodic[:-limit], self._periodic[-limit:]
+                for old in doomed:
+                    self._remove(trainer, old)
+
+        self._save(trainer, name, done=rotate, failed=failed)
         if self.every_n_seconds is not None:
-            self._timer.since = self.clock()  # the next timed save counts from the end of this one
-        limit = self.keep_last_n
-        if limit is not None and len(self._periodic) > limit:
-            # The newest (just completed) is last in the list and limit >= 1: it is never deleted.
-            doomed, self._periodic = self._periodic[:-limit], self._periodic[-limit:]
-            for old in doomed:
-                self._remove(trainer, old)
+            self._timer.since = self.clock()  # the next timed save counts from the end of this one (its copy)
 
     def _qualifies(self, value: float) -> bool:
         if math.isnan(value):
@@ -411,15 +461,16 @@ class CheckpointCallback(Callback):
 
     def _save_best(self, trainer: Any, value: float) -> None:
         name = f"topk-{monitor_label(self._monitor)}_{value:.6g}-{step_label(trainer.global_forward_batches)}"
+        self._finish_pending(trainer)  # before the list changes: its own trimming uses it
         previous = list(self._best)
         # Listed before saving, so the state inside the new checkpoint includes it.
         self._best = self._sorted([e for e in self._best if e[0] != name] + [(name, value)])
-        try:
-            self._save(trainer, name)
-        except BaseException:
+
+        def failed() -> None:
             self._best = previous
-            raise
-        self._trim_best(trainer)
+
+        self._save(trainer, name, done=lambda: self._trim_best(trainer), failed=failed,
+                   foreground=self._phase is _Phase.IDLE)
 
     def _trim_best(self, trainer: Any) -> None:
         if len(self._best) > self.topk:
@@ -431,12 +482,76 @@ class CheckpointCallback(Callback):
         """Best first; among equal values the earlier one stays ahead (stable sort)."""
         return sorted(entries, key=lambda e: e[1], reverse=self._larger_better)
 
-    def _save(self, trainer: Any, name: str) -> str:
+    def _save(self, trainer: Any, name: str, *, done: Callable[[], None] = lambda: None,
+              failed: Callable[[], None] = lambda: None, foreground: bool = False) -> None:
+        """Save ``name``, then ``done()`` (rotation); ``failed()`` undoes the bookkeeping of a save that failed.
+        With ``background`` (unless ``foreground``) the save is left in flight and both run when it is settled."""
+        self._finish_pending(trainer)  # at most one save in flight
         path = os.path.join(self.folder, name)
-        if self.save_object == "trainer":
-            return trainer.save_checkpoint(path, allow_pickle=self.allow_pickle, save_frozen=self.save_frozen)
-        trainer.save_model(path, save_frozen=self.save_frozen)  # atomic like a checkpoint; every rank calls it, rank 0 writes
-        return path
+        try:
+            if self.background and not foreground:
+                save = trainer._start_checkpoint(path, allow_pickle=self.allow_pickle, save_frozen=self.save_frozen,
+                                                 buffers=self._buffers)
+                self._pending = _Pending(save, done, failed, check_at=trainer.global_forward_batches + 1)
+                return
+            if self.save_object == "trainer":
+                trainer.save_checkpoint(path, allow_pickle=self.allow_pickle, save_frozen=self.save_frozen)
+            else:  # atomic like a checkpoint; every rank calls it, rank 0 writes
+                trainer.save_model(path, save_frozen=self.save_frozen)
+        except BaseException:
+            failed()
+            raise
+        done()
+
+    def _check_pending(self, trainer: Any, pending: _Pending) -> None:
+        """At a step boundary: commit the save in flight if its writer (every rank's) has finished, else check
+        again later (one process: at the next batch; distributed: after twice the gap, the same on every rank)."""
+        if pending.save.all_written():
+            self._finish_pending(trainer)
+        elif trainer.driver.is_distributed():
+            pending.gap *= 2
+            pending.check_at = trainer.global_forward_batches + pending.gap
+
+    def _finish_pending(self, trainer: Any) -> None:
+        """Every rank: wait for the save in flight and commit it, then rotate; raises what it failed with."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.save.finish()
+        except BaseException:
+            pending.failed()
+            raise
+        pending.done()
+
+    def _join_removals(self) -> None:
+        """Wait for old checkpoints' files to be deleted, so that a run leaves its folder tidy."""
+        removals, self._removals = self._removals, []
+        for thread in removals:
+            thread.join()
+
+    def _settle_pending(self, trainer: Any, exception: BaseException | None, commit: bool) -> None:
+        """Training failed: complete the save in flight (``commit``: also the commit, which in a distributed run
+        joins every rank) without letting its failure replace the training error: it is a warning."""
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            if commit:
+                self._finish_pending(trainer)
+                return
+            self._pending = None
+            error = pending.save.wait()  # a whole-state save is complete on rank 0; a sharded one stays temporary
+            if error is not None:
+                raise error
+            if trainer.driver.is_global_zero and not os.path.isdir(pending.save.folder):
+                logger.warning("%s: the background save %s was written but not committed (the commit of a sharded "
+                               "save joins every rank, and training failed); the next resume removes its temporary "
+                               "folder.", _OWNER, pending.save.folder)
+        except Exception as exc:
+            after = f" after {type(exception).__name__}" if exception is not None else ""
+            warnings.warn(f"{_OWNER}: the background save {pending.save.folder} failed{after}: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
 
     def _remove(self, trainer: Any, name: str) -> None:
         if not trainer.driver.is_global_zero:
@@ -445,9 +560,12 @@ class CheckpointCallback(Callback):
         if not os.path.isdir(path):
             return  # already gone (removed by hand, or by the run this one resumed)
         try:
-            remove_checkpoint(path)
+            removal = remove_checkpoint(path, background=self.background)  # the loop need not wait for the files
         except OSError as exc:
             warnings.warn(f"{_OWNER} could not delete the old checkpoint {path}: {exc}", RuntimeWarning, stacklevel=3)
+            return
+        if removal is not None:
+            self._removals = [t for t in self._removals if t.is_alive()] + [removal]
 
     def _is_ours(self, name: Any, pattern: re.Pattern) -> bool:
         """Only names this callback makes, directly in ``folder``: a checkpoint's state never points elsewhere."""
@@ -535,7 +653,8 @@ def _check_options(folder: Any, **given: Any) -> None:
         )
     limit_name, limit = given["limit_name"], given["limit"]
     check_optional_int(_OWNER, limit_name, limit, minimum=1, none_means="keeping them all")
-    for name in ("save_last", "save_on_exception", "load_best_model_at_end", "allow_pickle", "save_frozen"):
+    for name in ("save_last", "save_on_exception", "load_best_model_at_end", "allow_pickle", "save_frozen",
+                 "background"):
         check_bool(_OWNER, name, given[name])
     topk, save_object = given["topk"], given["save_object"]
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 0:
@@ -568,6 +687,11 @@ def _check_options(folder: Any, **given: Any) -> None:
         raise ConfigurationError(
             f"{_OWNER}(load_best_model_at_end=True) loads the best top-k checkpoint, but topk=0 keeps none; "
             "pass topk=1 (ranked by monitor=, or the Trainer's monitor) or drop load_best_model_at_end."
+        )
+    if given["background"] and save_object == "model":
+        raise ConfigurationError(
+            f"{_OWNER}(background=True) writes resumable checkpoints on a worker thread, and save_object='model' "
+            "writes weights only in the foreground; use save_object='trainer' or drop background."
         )
     if given["allow_pickle"] and save_object == "model":
         raise ConfigurationError(

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._common import DriverError
@@ -51,6 +52,7 @@ from .._format import (
 )
 from .._format import write_files as _write_files
 from ..backend import Driver
+from .background import HostBuffers, PendingSave, host_copy
 from .frozen import cached_sums, check_frozen, combine, frozen_names
 
 
@@ -97,47 +99,97 @@ def write_sharded_checkpoint(driver: Driver, folder: str,
     The ranks agree on the outcome: when any rank fails, the temporary folder is removed, the
     previous checkpoint under ``folder`` stays as it was, and every rank raises naming the rank.
     """
-    rank, world = driver.rank, driver.world_size
-    tmp = driver.broadcast_object(temp_name(folder) if rank == 0 else None)
-    mine: dict[str, Any] = {}
-    layout: list[dict[str, Any]] = []
+    job = _prepare_shards(driver, folder, rank0_files, optimizers, save_frozen, copy=False)
     records: dict[str, Any] = {}
-    error: str | None = None
-    manifest: dict[str, Any] = {}
+    error = job.error
+    if error is None:
+        try:
+            records = _write_shards(job)
+        except Exception as exc:  # reported to every rank by the commit, so none waits for the others forever
+            error = exc
+    _commit_shards(driver, job, records, error)
+
+
+def start_sharded_checkpoint(driver: Driver, folder: str,
+                             rank0_files: Callable[[], tuple[dict[str, FileContent], dict[str, Any]]], *,
+                             optimizers: bool, save_frozen: bool = False,
+                             buffers: HostBuffers | None = None) -> PendingSave:
+    """:func:`write_sharded_checkpoint` with the files written by a worker thread: every rank copies its
+    shards (and rank 0 its other files) to host memory (``buffers``) and returns; :meth:`PendingSave.finish`
+    (every rank, main thread) gathers the outcome and renames the folder into place on rank 0."""
+    job = _prepare_shards(driver, folder, rank0_files, optimizers, save_frozen, copy=True, buffers=buffers)
+    return PendingSave(driver, folder, lambda: _write_shards(job),
+                       lambda records, error: _commit_shards(driver, job, records or {}, error))
+
+
+@dataclass
+class _ShardJob:
+    """One rank's part of a sharded save, prepared on the main thread: its files and what the commit merges."""
+
+    folder: str
+    tmp: str
+    files: dict[str, FileContent] = field(default_factory=dict)
+    layout: list[dict[str, Any]] = field(default_factory=list)
+    sums: dict[str, tuple] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
     meta: Any = None
-    sums: dict[str, tuple] = {}
+    error: Exception | None = None
+
+
+def _prepare_shards(driver: Driver, folder: str,
+                    rank0_files: Callable[[], tuple[dict[str, FileContent], dict[str, Any]]], optimizers: bool,
+                    save_frozen: bool, copy: bool, buffers: HostBuffers | None = None) -> _ShardJob:
+    """Every rank, main thread (it agrees on the temporary folder): this rank's files, copied to memory of
+    their own when ``copy`` (a background write). A failure is kept in ``error`` for the commit to share."""
+    rank, world = driver.rank, driver.world_size
+    job = _ShardJob(folder, driver.broadcast_object(temp_name(folder) if rank == 0 else None))
     try:
-        os.makedirs(tmp, exist_ok=True)
         shards = driver.state_shards(optimizers=optimizers)
-        sums = _leave_out_frozen(driver, shards, save_frozen)
+        job.sums = _leave_out_frozen(driver, shards, save_frozen)
         name = shard_file(rank, world)
         stored = shards.stored()
         content = driver.tensor_file({file_key: piece.tensor for file_key, (_, piece) in stored.items()})
-        layout = _piece_layout(name, stored, _dtypes_and_shapes(content))
-        mine = {name: content}
+        job.layout = _piece_layout(name, stored, _dtypes_and_shapes(content))
+        mine: dict[str, FileContent] = {name: content}
         if rank == 0:
-            files, manifest = rank0_files()
+            files, job.manifest = rank0_files()
             mine.update(files)
-            meta = _encode_meta(shards.meta)
-        records = _write_files(folder, tmp, mine)
-    except Exception as exc:  # reported to every rank below, so none waits for the others forever
-        error = f"{type(exc).__name__}: {exc}"
-        failure: BaseException | None = exc
-    else:
-        failure = None
-    gathered = driver.all_gather_object((records, layout, error, sums))
+            job.meta = _encode_meta(shards.meta)
+        job.files = host_copy(mine, buffers) if copy else mine
+    except Exception as exc:  # reported to every rank by the commit, so none waits for the others forever
+        job.error = exc
+    return job
+
+
+def _write_shards(job: _ShardJob) -> dict[str, Any]:
+    """This rank's files into the temporary folder; their manifest records. No collective: a background save
+    runs it on a worker thread."""
+    if job.error is not None:
+        raise job.error
+    files, job.files = job.files, {}  # the host copy goes once written
+    os.makedirs(job.tmp, exist_ok=True)
+    return _write_files(job.folder, job.tmp, files)
+
+
+def _commit_shards(driver: Driver, job: _ShardJob, records: dict[str, Any], error: BaseException | None) -> None:
+    """Every rank, main thread: gather every rank's records and errors; rank 0 writes the manifest and renames
+    the folder into place (or removes it when any rank failed); every rank raises the same failure."""
+    message = None if error is None else f"{type(error).__name__}: {error}"
+    gathered = driver.all_gather_object((records, job.layout, message, job.sums))
     failed = [(r, e) for r, (_, _, e, _) in enumerate(gathered) if e is not None]
     outcome = None
-    if rank == 0:
+    if driver.rank == 0:
+        manifest = job.manifest
         frozen = [s for *_, s in gathered if s]
         if frozen:
             manifest = dict(manifest, **{FROZEN_KEY: combine(frozen)})
-        outcome = _first_failure(failed, folder) or _finish(folder, tmp, gathered, manifest, meta, world)
+        outcome = _first_failure(failed, job.folder) or _finish(job.folder, job.tmp, gathered, manifest, job.meta,
+                                                                 driver.world_size)
         if outcome is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(job.tmp, ignore_errors=True)
     outcome = driver.broadcast_object(outcome)  # every rank leaves together, the folder already tidied
     if outcome is not None:
-        raise CheckpointError(outcome) from failure
+        raise CheckpointError(outcome) from error
 
 
 def _leave_out_frozen(driver: Driver, shards: StateShards, save_frozen: bool) -> dict[str, tuple]:

@@ -26,7 +26,14 @@ from .._format import (
     write_checkpoint,
 )
 from ..backend import Driver
-from .sharded import load_shards, open_shards, whole_file_source, write_sharded_checkpoint
+from .background import HostBuffers, PendingSave, host_copy
+from .sharded import (
+    load_shards,
+    open_shards,
+    start_sharded_checkpoint,
+    whole_file_source,
+    write_sharded_checkpoint,
+)
 from .training import (
     MODEL_FILE,
     build_checkpoint,
@@ -61,12 +68,53 @@ def save_trainer(driver: Driver, folder: str | os.PathLike, state: TrainerState,
                  save_frozen: bool = False) -> str:
     """Write a resumable checkpoint as ``folder``; every rank calls it, rank 0 writes (each rank its shards)."""
     path = os.path.abspath(os.fspath(folder))
+    files = _trainer_files(driver, state, allow_pickle, save_frozen)
+    if driver.shards_state:  # every rank writes its own shards, nothing is gathered
+        write_sharded_checkpoint(driver, path, lambda: files(True), optimizers=True, save_frozen=save_frozen)
+        return path
+    with driver.gathering_state():  # every rank: a driver that gathers its sharded state for rank 0 does it here
+        if driver.is_global_zero:
+            write_checkpoint(path, *files(False))
+    driver.barrier()
+    return path
+
+
+def start_trainer_save(driver: Driver, folder: str | os.PathLike, state: TrainerState, allow_pickle: bool,
+                       save_frozen: bool = False, buffers: HostBuffers | None = None) -> PendingSave:
+    """:func:`save_trainer` whose files a worker thread writes: every rank returns once its part of the state
+    is copied to host memory (``buffers``, see :class:`HostBuffers`); :meth:`PendingSave.finish` (every rank, main thread) waits and agrees on the
+    outcome. A whole-state save is renamed into place by rank 0's writer (no other rank takes part); a
+    sharded one by rank 0 in the commit, once every rank's shards are written."""
+    path = os.path.abspath(os.fspath(folder))
+    files = _trainer_files(driver, state, allow_pickle, save_frozen)
+    if driver.shards_state:
+        return start_sharded_checkpoint(driver, path, lambda: files(True), optimizers=True, save_frozen=save_frozen,
+                                        buffers=buffers)
+    job: list[Any] = []
+    with driver.gathering_state():
+        if driver.is_global_zero:
+            built, manifest = files(False)
+            job = [host_copy(built, buffers), manifest]
+
+    def write() -> None:
+        if job:
+            content, manifest = job
+            job.clear()  # the host copy goes once written
+            write_checkpoint(path, content, manifest)
+
+    return PendingSave(driver, path, write, lambda _, error: _agree_on_rank0(driver, path, error))
+
+
+def _trainer_files(driver: Driver, state: TrainerState, allow_pickle: bool,
+                   save_frozen: bool) -> Callable[[bool], tuple[dict, dict[str, Any]]]:
+    """Every rank gathers the processes' states (a collective); the returned function builds the files and
+    the manifest's fields (rank 0, or every rank for ``sharded``)."""
     sampler = state.sampler
     mine = dict(process_state(driver), loader=loader_position(state.dataloader) if sampler is None else None)
     processes = driver.all_gather_object(mine) if driver.is_distributed() else [mine]
     extra = dict(state.settings, world_size=driver.world_size)
 
-    def files(sharded: bool = False) -> tuple[dict, dict[str, Any]]:
+    def files(sharded: bool) -> tuple[dict, dict[str, Any]]:
         return build_checkpoint(
             driver, state.position, callback_states=state.callbacks,
             sampler_state=None if sampler is None else sampler.state_dict(),
@@ -74,14 +122,19 @@ def save_trainer(driver: Driver, folder: str | os.PathLike, state: TrainerState,
             save_frozen=save_frozen,
         )
 
-    if driver.shards_state:  # every rank writes its own shards, nothing is gathered
-        write_sharded_checkpoint(driver, path, lambda: files(sharded=True), optimizers=True, save_frozen=save_frozen)
-        return path
-    with driver.gathering_state():  # every rank: a driver that gathers its sharded state for rank 0 does it here
-        if driver.is_global_zero:
-            write_checkpoint(path, *files())
-    driver.barrier()
-    return path
+    return files
+
+
+def _agree_on_rank0(driver: Driver, folder: str, error: BaseException | None) -> None:
+    """Every rank, main thread: rank 0's writer's outcome, so every rank raises when its save failed (rank 0
+    the writer's own error, the others a CheckpointError naming it)."""
+    message = None if error is None else f"{type(error).__name__}: {error}"
+    if driver.is_distributed():
+        message = driver.broadcast_object(message, src=0)
+    if error is not None:
+        raise error
+    if message is not None:
+        raise CheckpointError(f"could not write checkpoint {folder} on rank 0 ({message}).")
 
 
 @dataclass

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 import warnings
@@ -146,13 +147,21 @@ def finish_checkpoint(folder: str, tmp: str, records: Mapping[str, Any], manifes
         raise
 
 
-def remove_checkpoint(folder: str) -> None:
-    """Delete a checkpoint so that a crash midway leaves only an ignored temp folder."""
+def remove_checkpoint(folder: str, *, background: bool = False) -> threading.Thread | None:
+    """Delete a checkpoint so that a crash midway leaves only an ignored temp folder.
+
+    ``background``: the checkpoint leaves its real name at once, and its files (freeing a large model's
+    blocks takes a while) are deleted by a thread of their own while the caller goes on; returned, to join."""
     parent, name = os.path.split(os.path.abspath(folder))
     doomed = os.path.join(parent, f"{TEMP_PREFIX}del-{name}-{uuid.uuid4().hex[:8]}")
     os.rename(folder, doomed)
     fsync_dir(parent)
+    if background:
+        thread = threading.Thread(target=shutil.rmtree, args=(doomed, True), name=f"drivetrain-remove-{name}")
+        thread.start()
+        return thread
     shutil.rmtree(doomed, ignore_errors=True)
+    return None
 
 
 @dataclass

@@ -25,7 +25,16 @@ from .._callbacks import (
     normalise_callbacks,
     preemption_for,
 )
-from .._checkpoint import TrainerState, load_trainer, load_weights_into, save_model, save_trainer
+from .._checkpoint import (
+    HostBuffers,
+    PendingSave,
+    TrainerState,
+    load_trainer,
+    load_weights_into,
+    save_model,
+    save_trainer,
+    start_trainer_save,
+)
 from .._common import (
     ConfigurationError,
     EarlyStopException,
@@ -1019,10 +1028,20 @@ class Trainer:
         Raises:
             StateEncodingError: a callback state is not plain data and ``allow_pickle`` is False.
         """
+        return save_trainer(self.driver, folder, self._trainer_state(), allow_pickle, save_frozen)
+
+    def _start_checkpoint(self, folder: str | os.PathLike, *, allow_pickle: bool = False, save_frozen: bool = False,
+                          buffers: HostBuffers | None = None) -> PendingSave:
+        """:meth:`save_checkpoint` whose files a worker thread writes (``CheckpointCallback(background=True)``):
+        returns once the state is copied to host memory (``buffers``, reused between the caller's saves); the
+        caller finishes the save with ``PendingSave.finish()`` on every rank."""
+        return start_trainer_save(self.driver, folder, self._trainer_state(), allow_pickle, save_frozen, buffers)
+
+    def _trainer_state(self) -> TrainerState:
+        """Fire ``on_save_checkpoint`` and gather what a checkpoint holds beside the driver's state."""
         self.fire("on_save_checkpoint")
-        state = TrainerState(self._position(), self.callback_manager.states(self), self._sampler, self.dataloader,
-                             self._loop_settings())
-        return save_trainer(self.driver, folder, state, allow_pickle, save_frozen)
+        return TrainerState(self._position(), self.callback_manager.states(self), self._sampler, self.dataloader,
+                            self._loop_settings())
 
     def _loop_settings(self) -> dict[str, Any]:
         """What a checkpoint's manifest records about the run beside its position (for people reading it)."""
