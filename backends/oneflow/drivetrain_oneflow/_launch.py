@@ -25,6 +25,7 @@ import os
 from typing import NoReturn
 
 from drivetrain.backend import (
+    DistPlan,
     Launcher,
     SlurmStep,
     free_ports,
@@ -33,8 +34,6 @@ from drivetrain.backend import (
     rerun_slurm_task,
     torchrun_variables,
 )
-
-from ._dist_plan import DistPlan
 
 START_YOURSELF = "python -m oneflow.distributed.launch --nproc_per_node N train.py"
 
