@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import random
 import re
 import shlex
 import shutil
@@ -298,6 +299,9 @@ class OneHostSlurm:
             f"SlurmctldHost={self.node}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
             f"SlurmdPort={d_port}",
+            # each cluster its own job ids, so that the ports drivetrain derives from them (and the job ids in
+            # file names) differ between two test sessions running at once (the suite runs two envs at a time)
+            f"FirstJobId={random.SystemRandom().randrange(1000, 900000)}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
