@@ -135,8 +135,8 @@ class CheckpointCallback(Callback):
     ``save_on_exception``, whose save joins every rank anyway; otherwise its temporary folder is left for the
     next resume to remove) and a failure of it is a warning, not a replacement of the training error.
     A distributed run commits a background save (the ranks agree that every file is written; a sharded save's
-    manifest and rename) on the main thread of every rank, at a step boundary checked 1, 2, 4, ... batches
-    after the save, so the worker threads never call a collective.
+    manifest and rename) on the main thread of every rank, at a step boundary checked 1, 3, 7, 15, ...
+    batches after the save (the gap doubling), so the worker threads never call a collective.
 
     ``save_object="trainer"`` writes full checkpoints (resumable, see
     ``Trainer.save_checkpoint``); ``"model"`` writes only ``model.safetensors``
