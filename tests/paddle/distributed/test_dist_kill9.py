@@ -18,4 +18,4 @@ pytestmark = [pytest.mark.distributed, pytest.mark.paddle, pytest.mark.slow]
 
 @pytest.mark.timeout(240)
 def test_paddle_dist_kill9_of_a_rank_then_resume_is_bit_exact(tmp_path) -> None:
-    short_kill_test(str(tmp_path), 1, seed=0, driver="paddle", nproc=2, max_kills_per_round=1)  # seed 0: rank 1
+    short_kill_test(str(tmp_path), 1, seed=0, driver="paddle", nproc=2, max_kills_per_round=1)  # seed 0: rank 1, mid-run
