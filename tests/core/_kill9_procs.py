@@ -33,7 +33,9 @@ class Job:
     @classmethod
     def start(cls, cmd: list[str], env: dict[str, str], log: str, pid_dir: str | None) -> Job:
         with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            # stdin from /dev/null: mpirun forwards its stdin to rank 0 and would read the caller's away
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
         return cls(proc, log, pid_dir, time.time())
 
     def output(self) -> str:
