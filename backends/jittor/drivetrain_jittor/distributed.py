@@ -151,8 +151,8 @@ until one."""
 def _exit_code(exc: BaseException | None) -> int:
     """128 + the signal's number for a run a signal stopped (as a shell reports it), else 1."""
     if isinstance(exc, TrainingTerminated):
-        return 128 + exc.signum
-    return 128 + 2 if isinstance(exc, KeyboardInterrupt) else 1
+        return int(exc.code)  # already 128 + its signal's number (it is a SystemExit)
+    return 128 + signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def _exit_without_finalize() -> None:
