@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 PHASE_VARIABLE = "DRIVETRAIN_TEST_PHASE"
 """``local``: leave out the tests marked ``distributed`` (they start several processes and some bound how
 long a failing rank takes to stop the others); ``processes``: run only those. Unset: everything.
-``tools/suite.py`` runs the ``local`` phase of two tox envs at a time, then every ``processes`` phase alone."""
+``tools/suite.py`` runs each backend env as a ``local`` job and a ``processes`` job, three jobs at a time."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -184,4 +184,6 @@ def test_summary_json_counts_this_runs_seconds_and_the_whole_runs(tmp_path) -> N
     second.run(resume_from="latest", num_eval_sanity_batch=0)
     two = read_json(tmp_path / "run" / "summary.json")
     assert two["resumed_at_step"] == 13 and two["step"] == 26 and two["epoch"] == 2
-    assert two["seconds_total"] >= two["seconds"] + one["seconds"] * 0.5
+    # the first run's time up to its checkpoint at step 13 (what a resume can know) counts; its tail after the
+    # save does not, and on a loaded machine that tail can be most of a run this short
+    assert two["seconds"] + 0.001 < two["seconds_total"] <= two["seconds"] + one["seconds"] + 0.002
