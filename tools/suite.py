@@ -1,18 +1,20 @@
 """Run the whole test suite the quick way: what CI runs (`.ci/run`) and the README's test command.
 
-Each tox env of ``tox.ini`` gives one or two jobs: ``local`` (every test not marked ``distributed``)
-and, for the backends, ``processes`` (the tests marked ``distributed``: they start several
-processes through launchers, ``nproc=`` or ``mpirun``). ``tests/conftest.py`` selects a job's tests
-from ``DRIVETRAIN_TEST_PHASE``. The jobs run three at a time, in the order of :data:`PRIORITY`:
+Each tox env of ``tox.ini`` gives a ``build`` job (``tox run --notest``: create the env, install), a
+``local`` job (every test not marked ``distributed``) and, for the backends, ``processes`` jobs (the
+tests marked ``distributed``: they start several processes through launchers, ``nproc=`` or
+``mpirun``). ``tests/conftest.py`` selects a job's tests from ``DRIVETRAIN_TEST_PHASE`` and, where
+an env's process tests are split (torch's), ``DRIVETRAIN_TEST_SHARD``. The jobs run three at a
+time, in the order of :data:`PRIORITY`:
 
-- an env's ``processes`` job starts only once its ``local`` job has ended (tox builds the env once,
-  never two tox runs in one env at a time);
-- torch's process tests take as long as the local tests of every env together, so torch's two jobs
-  come first and the rest fill the other slots around them;
-- the process tests spend most of their time waiting for processes to start, meet and stop (paddle's
-  used 98 s of CPU in 247 s), which is why a third job pays on 2 cores; at most two ``processes``
-  jobs run at once, and the time bounds they check (a failing rank stops the others, Ctrl-C ends
-  every rank) held at a load of 8 on this 2-core machine.
+- an env's tests start once its build has ended; two test jobs of one env run at once only if the
+  env has no ``commands_pre`` (jittor's re-points its editable installs at the checkout each run);
+- torch's process tests are the critical path (11 min alone), so torch builds first and its two
+  shards start at once; the rest fill the other slot around them;
+- the process tests spend much of their time waiting for processes to start, meet and stop
+  (paddle's used 98 s of CPU in 247 s), which is why a third job pays on 2 cores; at most two
+  ``processes`` jobs run at once, and the time bounds they check (a failing rank stops the
+  others, Ctrl-C ends every rank) held at a load of 8 on this 2-core machine.
 
 Usage::
 
@@ -28,6 +30,7 @@ table of every job's result and minutes. It exits non-zero if any job failed.
 from __future__ import annotations
 
 import argparse
+import configparser
 import os
 import shutil
 import subprocess
@@ -39,13 +42,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ("core", "torch", "paddle", "jittor", "oneflow", "jax", "third_party", "lint", "docs")
 """Every env of tox.ini."""
-WITH_PROCESS_TESTS = ("torch", "paddle", "jittor", "oneflow", "jax")
-"""The envs whose tests include some marked ``distributed`` (the others have a ``local`` job only)."""
-PRIORITY = ("torch:local", "torch:processes", "jax:local", "core:local", "jittor:local", "oneflow:local",
-            "docs:local", "paddle:local", "paddle:processes", "oneflow:processes", "jittor:processes",
-            "jax:processes", "third_party:local", "lint:local")
-"""Start order when a slot is free: the critical path (torch's process tests) first, the longest next, the
-short ones last to fill the gaps at the end."""
+PROCESS_SHARDS = {"torch": 2, "paddle": 1, "jittor": 1, "oneflow": 1, "jax": 1}
+"""The envs whose tests include some marked ``distributed``, and into how many jobs those are split."""
+PRIORITY = ("torch:build", "torch:processes", "torch:local", "paddle:build", "paddle:local", "jax:build",
+            "jax:local", "core:build", "core:local", "jittor:build", "jittor:local", "oneflow:build", "oneflow:local",
+            "paddle:processes", "oneflow:processes", "jittor:processes", "jax:processes", "docs:build", "docs:local",
+            "third_party:build", "third_party:local", "lint:build", "lint:local")
+"""Start order when a slot is free (an env's processes shards share its place): the critical path first, then
+the envs whose process tests are longest, the short ones last to fill the gaps at the end."""
 MAX_PROCESS_JOBS = 2
 LOGS = ROOT / ".tox" / "suite-logs"
 
@@ -53,7 +57,8 @@ LOGS = ROOT / ".tox" / "suite-logs"
 @dataclass
 class Job:
     env: str
-    phase: str  # "local" or "processes"
+    phase: str  # "build", "local" or "processes"
+    shard: str = ""  # "k/n" for one of an env's process-test shards
     log: Path = field(init=False)
     process: subprocess.Popen | None = None
     started: float = 0.0
@@ -61,11 +66,18 @@ class Job:
     code: int | None = None
 
     def __post_init__(self) -> None:
-        self.log = LOGS / f"{self.env}-{self.phase}.log"
+        self.log = LOGS / f"{self.name.replace(':', '-').replace('/', 'of')}.log"
 
     @property
     def name(self) -> str:
-        return f"{self.env}:{self.phase}"
+        return f"{self.env}:{self.phase}" + (f":{self.shard}" if self.shard else "")
+
+
+def _with_commands_pre() -> set[str]:
+    """The envs of tox.ini whose ``commands_pre`` must not run twice at once."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "tox.ini")
+    return {env for env in ENVS if config.has_option(f"testenv:{env}", "commands_pre")}
 
 
 def _tox() -> str:
@@ -78,11 +90,14 @@ def _tox() -> str:
 
 
 def _start(job: Job, tox: str, extra: list[str], t0: float) -> None:
-    command = [tox, "run", "-e", job.env, *extra]
+    command = [tox, "run", "-e", job.env, *(["--notest"] if job.phase == "build" else extra)]
     print(f"[{(time.monotonic() - t0) / 60:5.1f} min] start {job.name}: {' '.join(command)}", flush=True)
+    env = {**os.environ, "DRIVETRAIN_TEST_PHASE": job.phase}
+    if job.shard:
+        env["DRIVETRAIN_TEST_SHARD"] = job.shard
     out = job.log.open("w")
     job.process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env={**os.environ, "DRIVETRAIN_TEST_PHASE": job.phase})
+                                   stdin=subprocess.DEVNULL, env=env)
     out.close()
     job.started = time.monotonic()
 
@@ -96,13 +111,14 @@ def _finish(job: Job, code: int, t0: float) -> None:
     print(f"===== [{(time.monotonic() - t0) / 60:5.1f} min] end of {job.name}: {verdict}\n", flush=True)
 
 
-def _next(waiting: list[Job], running: list[Job], done: set[str]) -> Job | None:
-    busy_envs = {job.env for job in running}
+def _next(waiting: list[Job], running: list[Job], done: set[str], exclusive: set[str]) -> Job | None:
     processes = sum(job.phase == "processes" for job in running)
     for job in waiting:
-        if job.env in busy_envs or (job.phase == "processes" and processes >= MAX_PROCESS_JOBS):
+        if job.phase != "build" and f"{job.env}:build" not in done:
             continue
-        if job.phase == "processes" and f"{job.env}:local" not in done:
+        if any(other.env == job.env for other in running) and (job.phase == "build" or job.env in exclusive):
+            continue
+        if job.phase == "processes" and processes >= MAX_PROCESS_JOBS:
             continue
         return job
     return None
@@ -112,9 +128,11 @@ def run_jobs(jobs: list[Job], slots: int, tox: str, extra: list[str]) -> None:
     """Run ``jobs`` at most ``slots`` at a time under the rules of the module docstring."""
     LOGS.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    waiting, running, done = list(jobs), [], set()
+    waiting, exclusive = list(jobs), _with_commands_pre()
+    running: list[Job] = []
+    done: set[str] = set()
     while waiting or running:
-        while len(running) < slots and (job := _next(waiting, running, done)) is not None:
+        while len(running) < slots and (job := _next(waiting, running, done, exclusive)) is not None:
             waiting.remove(job)
             _start(job, tox, extra, t0)
             running.append(job)
@@ -125,7 +143,9 @@ def run_jobs(jobs: list[Job], slots: int, tox: str, extra: list[str]) -> None:
                 running.remove(job)
                 done.add(job.name)
                 _finish(job, code, t0)
-        if not running and waiting and _next(waiting, running, done) is None:
+                if job.phase == "build" and code != 0:  # its tests cannot run: they stay "not run"
+                    waiting = [other for other in waiting if other.env != job.env]
+        if not running and waiting and _next(waiting, running, done, exclusive) is None:
             raise RuntimeError(f"no job can start: {[job.name for job in waiting]}")  # a bug in _next's rules
 
 
@@ -141,15 +161,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--envs: {', '.join(unknown)} is not an env of tox.ini; choose from {', '.join(ENVS)}")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give 1 or more")
-    wanted = {f"{env}:local" for env in envs} | {f"{env}:processes" for env in envs if env in WITH_PROCESS_TESTS}
-    jobs = [Job(*name.split(":")) for name in PRIORITY if name in wanted]
+    jobs = []
+    for name in PRIORITY:
+        env, phase = name.split(":")
+        if env not in envs or (phase == "processes" and env not in PROCESS_SHARDS):
+            continue
+        shards = PROCESS_SHARDS[env] if phase == "processes" else 1
+        jobs += [Job(env, phase, f"{k}/{shards}" if shards > 1 else "") for k in range(1, shards + 1)]
     start = time.monotonic()
     run_jobs(jobs, args.jobs, _tox(), ["--", *args.pytest_args] if args.pytest_args else [])
-    print(f"\njob                    result   minutes   ({args.jobs} at a time)")
+    print(f"\njob                      result   minutes   ({args.jobs} at a time)")
     for job in jobs:
         result = "ok" if job.code == 0 else "FAILED" if job.code is not None else "not run"
-        print(f"{job.name:22} {result:8} {job.seconds / 60:6.1f}")
-    print(f"{'total (wall)':22} {'':8} {(time.monotonic() - start) / 60:6.1f}")
+        print(f"{job.name:24} {result:8} {job.seconds / 60:6.1f}")
+    print(f"{'total (wall)':24} {'':8} {(time.monotonic() - start) / 60:6.1f}")
     return 0 if all(job.code == 0 for job in jobs) else 1
 
 
