@@ -131,7 +131,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status") as f:
             return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
-    except FileNotFoundError:
+    except OSError:  # gone before the open (ENOENT), or reaped between the open and the read (ESRCH)
         return False
 
 
