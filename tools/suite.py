@@ -40,8 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENVS = ("core", "torch", "paddle", "jittor", "oneflow", "jax", "third_party", "lint", "docs")
-"""Every env of tox.ini."""
+TOX_INI = configparser.ConfigParser(interpolation=None)
+TOX_INI.read(ROOT / "tox.ini")
+ENVS = tuple(TOX_INI.get("tox", "env_list").replace(",", " ").split())
+"""Every env of tox.ini (its ``env_list``)."""
 PROCESS_SHARDS = {"torch": 2, "paddle": 1, "jittor": 1, "oneflow": 1, "jax": 1}
 """The envs whose tests include some marked ``distributed``, and into how many jobs those are split."""
 PRIORITY = ("torch:build", "torch:processes", "torch:local", "paddle:build", "paddle:local", "jax:build",
@@ -49,7 +51,8 @@ PRIORITY = ("torch:build", "torch:processes", "torch:local", "paddle:build", "pa
             "paddle:processes", "oneflow:processes", "jittor:processes", "jax:processes", "docs:build", "docs:local",
             "third_party:build", "third_party:local", "lint:build", "lint:local")
 """Start order when a slot is free (an env's processes shards share its place): the critical path first, then
-the envs whose process tests are longest, the short ones last to fill the gaps at the end."""
+the envs whose process tests are longest, the short ones last to fill the gaps at the end. An env of tox.ini
+missing here runs last, never not at all."""
 MAX_PROCESS_JOBS = 2
 LOGS = ROOT / ".tox" / "suite-logs"
 
@@ -75,9 +78,7 @@ class Job:
 
 def _with_commands_pre() -> set[str]:
     """The envs of tox.ini whose ``commands_pre`` must not run twice at once."""
-    config = configparser.ConfigParser(interpolation=None)
-    config.read(ROOT / "tox.ini")
-    return {env for env in ENVS if config.has_option(f"testenv:{env}", "commands_pre")}
+    return {env for env in ENVS if TOX_INI.has_option(f"testenv:{env}", "commands_pre")}
 
 
 def _tox() -> str:
@@ -92,7 +93,7 @@ def _tox() -> str:
 def _start(job: Job, tox: str, extra: list[str], t0: float) -> None:
     command = [tox, "run", "-e", job.env, *(["--notest"] if job.phase == "build" else extra)]
     print(f"[{(time.monotonic() - t0) / 60:5.1f} min] start {job.name}: {' '.join(command)}", flush=True)
-    env = {**os.environ, "DRIVETRAIN_TEST_PHASE": job.phase}
+    env = {**os.environ, **({} if job.phase == "build" else {"DRIVETRAIN_TEST_PHASE": job.phase})}
     if job.shard:
         env["DRIVETRAIN_TEST_SHARD"] = job.shard
     out = job.log.open("w")
@@ -138,7 +139,7 @@ def run_jobs(jobs: list[Job], slots: int, tox: str, extra: list[str]) -> None:
             running.append(job)
         time.sleep(0.5)
         for job in list(running):
-            code = job.process.poll() if job.process else 0
+            code = job.process.poll() if job.process else None
             if code is not None:
                 running.remove(job)
                 done.add(job.name)
@@ -161,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--envs: {', '.join(unknown)} is not an env of tox.ini; choose from {', '.join(ENVS)}")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give 1 or more")
+    unlisted = [f"{env}:{phase}" for env in ENVS for phase in ("build", "local", "processes")
+                if f"{env}:{phase}" not in PRIORITY]
     jobs = []
-    for name in PRIORITY:
+    for name in (*PRIORITY, *unlisted):
         env, phase = name.split(":")
         if env not in envs or (phase == "processes" and env not in PROCESS_SHARDS):
             continue
