@@ -66,13 +66,14 @@ def cases(framework_launcher: str, alone: str = "rank0") -> list[tuple[str, str,
 
 # (plain asserts with messages: pytest rewrites only the test modules' own asserts)
 def check_stopped(out: Path, output: str, seconds: float, returncode: int, signum: int,
-                  launcher_code: int | None = None, launcher_traceback: str | None = None) -> None:
-    """Every process ended within :data:`BOUND` seconds of ``signum``, by it (``launcher_code``: what a
+                  launcher_code: int | None = None, launcher_traceback: str | None = None,
+                  bound: float = BOUND) -> None:
+    """Every process ended within ``bound`` seconds of ``signum``, by it (``launcher_code``: what a
     framework's launcher exits with instead), with one line and no traceback (``launcher_traceback``: the
     exception a framework's launcher prints its own for); the exception checkpoint is written and the record
     says ``stopped``. The line is rank 0's, about the signal that reached it first (a framework's launcher
     may pass Ctrl-C on as SIGTERM: paddle's, oneflow's)."""
-    assert seconds < BOUND, f"{seconds:.1f} s after the signal:\n{output}"
+    assert seconds < bound, f"{seconds:.1f} s after the signal:\n{output}"
     expected = launcher_code if launcher_code is not None else -signum if signum == signal.SIGINT else 128 + signum
     assert returncode == expected, f"exit {returncode}, expected {expected}:\n{output}"
     assert output.count("Traceback") == (launcher_traceback is not None), output
@@ -98,10 +99,10 @@ def check_resumed(out: Path, world: int) -> None:
 
 def interrupt_and_resume(launch: Any, out: Path, signum: int, target: str, *, resume: bool,
                          launcher_code: int | None = None, launcher_traceback: str | None = None, logs: Any = None,
-                         timeout: float = 150) -> None:
+                         timeout: float = 150, bound: float = BOUND) -> None:
     """Start ``launch("ctrl-c")`` (a :class:`~tests._dist_helpers.ProcessGroup`, started interruptible), send
     ``signum`` to ``target`` once it is ready (see :func:`~tests._dist_helpers.stop_when_ready`), check how it
-    ended (:func:`check_stopped`, with ``launcher_code`` and ``launcher_traceback``; ``logs()``: the workers' output where the launcher keeps it apart); with
+    ended (:func:`check_stopped`, with ``launcher_code``, ``launcher_traceback`` and ``bound``; ``logs()``: the workers' output where the launcher keeps it apart); with
     ``resume``, then run ``launch("resume,straight")`` to its end and check that the resume was exact."""
     from tests._dist_helpers import stop_when_ready
 
@@ -112,7 +113,7 @@ def interrupt_and_resume(launch: Any, out: Path, signum: int, target: str, *, re
         group.close()
     output = done.output + (logs() if logs is not None else "")
     print(f"\n{signal.Signals(signum).name} to {target}: exit {done.returncode}, {done.seconds:.1f} s after the signal")
-    check_stopped(out, output, done.seconds, done.returncode, signum, launcher_code, launcher_traceback)
+    check_stopped(out, output, done.seconds, done.returncode, signum, launcher_code, launcher_traceback, bound)
     if not resume:
         return
     again = launch("resume,straight")
