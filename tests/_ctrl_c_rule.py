@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +60,32 @@ def run_phase(phase: str, out: str, make_trainer: Any) -> None:
 def cases(framework_launcher: str, alone: str = "rank0") -> list[tuple[str, str, bool]]:
     """(launcher, what gets the signal, resumed afterwards) for a backend's test: Ctrl-C to the process group and
     SIGINT to one process (``alone``: ``"rank0"``, or ``"launcher"`` where the Trainer's process only supervises),
-    for ``nproc=2`` and for the framework's own launcher; one resume after each group Ctrl-C."""
-    return [("nproc", "group", True), ("nproc", alone, False),
+    for ``nproc=2`` and for the framework's own launcher. One resume per backend, after the framework launcher's
+    Ctrl-C: what a resume reads (the checkpoints, the record) does not depend on who started the processes, and
+    :func:`check_stopped` checks what each launcher's stop left behind."""
+    return [("nproc", "group", False), ("nproc", alone, False),
             (framework_launcher, "group", True), (framework_launcher, "launcher", False)]
 
+
+
+def launches(out: Path, script: str, launcher: str, env: Callable[[], dict[str, str]],
+             framework: Callable[[], list[str]]) -> Callable[[str], Any]:
+    """``launch(phases)`` for :func:`interrupt_and_resume`: ``python SCRIPT OUT PHASES`` started interruptible in
+    ``out`` with ``env()``, with ``nproc=2`` (``launcher="nproc"``) or under the framework's launcher (``framework()``:
+    what comes between ``python`` and the script, e.g. ``["-m", "its.launch", "--nproc_per_node", "2"]``)."""
+    from tests._dist_helpers import ProcessGroup
+
+    numbers = iter(range(2))
+
+    def launch(phases: str) -> ProcessGroup:
+        child, command = env(), [sys.executable, script, str(out), phases]
+        if launcher == "nproc":
+            child[NPROC_ENV] = "2"
+        else:
+            command[1:1] = framework()
+        return ProcessGroup(command, out, child, f"launch-{next(numbers)}", cwd=out, interruptible=True)
+
+    return launch
 
 
 # (plain asserts with messages: pytest rewrites only the test modules' own asserts)

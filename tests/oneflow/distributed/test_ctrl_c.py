@@ -7,12 +7,11 @@ The phases and checks: ``tests/_ctrl_c_rule.py`` (the same for every backend); t
 from __future__ import annotations
 
 import signal
-import sys
 
 import pytest
 
 from ... import _ctrl_c_rule as rule
-from ..._dist_helpers import ProcessGroup, free_port
+from ..._dist_helpers import free_port
 from . import _resume_script
 from .conftest import child_env
 
@@ -24,18 +23,8 @@ CASES = rule.cases("oneflow.distributed.launch", alone="launcher")  # nproc: the
 @pytest.mark.parametrize("launcher, target, resume", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_ctrl_c_ends_every_rank_with_the_records_closed_and_resume_is_exact(tmp_path, launcher, target,
                                                                              resume) -> None:
-    launches = iter(range(2))
-
-    def launch(phases: str) -> ProcessGroup:
-        env = child_env()
-        command = [sys.executable, _resume_script.__file__, str(tmp_path), phases]
-        if launcher == "nproc":
-            env[rule.NPROC_ENV] = "2"
-        else:
-            command[1:1] = ["-m", "oneflow.distributed.launch", "--nproc_per_node", "2", "--master_port",
-                            str(free_port())]
-        return ProcessGroup(command, tmp_path, env, f"launch-{next(launches)}", cwd=tmp_path, interruptible=True)
-
+    launch = rule.launches(tmp_path, _resume_script.__file__, launcher, child_env, lambda: [
+        "-m", "oneflow.distributed.launch", "--nproc_per_node", "2", "--master_port", str(free_port())])
     # the Trainer's supervisor exits with status 130; oneflow's launcher SIGTERMs its process group and exits with 1
     # at once (the workers still stop as on Ctrl-C: they get SIGTERM when it exits)
     rule.interrupt_and_resume(launch, tmp_path, signal.SIGINT, target, resume=resume,
