@@ -14,7 +14,7 @@ import pytest
 from ...core._kill9 import short_kill_test
 
 pytestmark = [pytest.mark.distributed, pytest.mark.torch, pytest.mark.slow]
-SUITE_SECONDS = 26  # measured in the suite (tests/conftest.py splits the process tests into shards by it)
+SUITE_SECONDS = 35  # seconds, measured alone (tests/conftest.py splits the process tests into shards by it)
 
 
 @pytest.mark.timeout(240)

@@ -26,6 +26,7 @@ from . import _fsdp_script as script
 from .conftest import child_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.torch, pytest.mark.timeout(180)]
+SUITE_SECONDS = 16  # seconds, measured alone (tests/conftest.py splits the process tests into shards by it)
 
 TIMEOUT = 120  # both nodes together; training itself takes seconds
 SCRIPT = str(Path(__file__).with_name("_multinode_script.py"))
