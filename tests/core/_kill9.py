@@ -152,8 +152,11 @@ class Delays:
 
 
 def _env(delays: Delays, dist_timeout: float) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()  # a launcher's variables of this process are not the child's
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    # a launcher's variables of this process are not the child's; nor is JAX's compilation cache (tox.ini's jax
+    # env), which writes its entries in place: a kill during that write would leave a broken entry for later runs
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                        "JAX_COMPILATION_CACHE_DIR")}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONUNBUFFERED="1",
                GLOG_minloglevel="2", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env[DELAY_ENV] = str(delays.save)
