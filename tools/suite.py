@@ -10,7 +10,8 @@ time, in the order of :data:`PRIORITY`:
 - an env's tests start once its build has ended; two test jobs of one env run at once only if the
   env has no ``commands_pre`` (jittor's re-points its editable installs at the checkout each run);
 - torch's process tests are the critical path (9 min alone), so torch builds first and its two
-  shards start at once; the rest fill the other slots around them;
+  shards start at once; jittor's local job comes next (with a cold cache it compiles jittor for
+  minutes); the rest fill the other slots around them;
 - the process tests spend much of their time waiting for processes to start, meet and stop
   (paddle's used 98 s of CPU in 247 s), which is why more jobs than cores pay: a fresh clone's
   warm run took 18.0 min three at a time and 14.9 four at a time (1.65 and 1.69 of the 2 cores
@@ -48,13 +49,14 @@ ENVS = tuple(TOX_INI.get("tox", "env_list").replace(",", " ").split())
 """Every env of tox.ini (its ``env_list``)."""
 PROCESS_SHARDS = {"torch": 2, "paddle": 1, "jittor": 1, "oneflow": 1, "jax": 1}
 """The envs whose tests include some marked ``distributed``, and into how many jobs those are split."""
-PRIORITY = ("torch:build", "torch:processes", "torch:local", "paddle:build", "paddle:local", "jax:build",
-            "jax:local", "core:build", "core:local", "jittor:build", "jittor:local", "oneflow:build", "oneflow:local",
+PRIORITY = ("torch:build", "torch:processes", "jittor:build", "jittor:local", "torch:local", "paddle:build",
+            "paddle:local", "jax:build", "jax:local", "core:build", "core:local", "oneflow:build", "oneflow:local",
             "paddle:processes", "oneflow:processes", "jittor:processes", "jax:processes", "docs:build", "docs:local",
             "third_party:build", "third_party:local", "lint:build", "lint:local")
-"""Start order when a slot is free (an env's processes shards share its place): the critical path first, then
-the envs whose process tests are longest, the short ones last to fill the gaps at the end. An env of tox.ini
-missing here runs last, never not at all."""
+"""Start order when a slot is free (an env's processes shards share its place): the critical paths first (torch's
+process tests; jittor's local job, which compiles jittor when its cache is cold: 13.9 min of a 21.3-minute cold
+run that started it 5.6 min in), then the envs whose process tests are longest, the short ones last to fill the
+gaps at the end. An env of tox.ini missing here runs last, never not at all."""
 MAX_PROCESS_JOBS = 2
 LOGS = ROOT / ".tox" / "suite-logs"
 
