@@ -327,7 +327,10 @@ class OneHostSlurm:
             "JobCompType=jobcomp/none",
             "MailProg=/bin/true",
             "JobRequeue=1",
-            "KillWait=2",
+            # seconds a step's tasks get from SIGTERM (a preemption's, a cancel's) to SIGKILL: a preempted run's
+            # ranks save in them (Slurm's default: 30; at 2, one rank of a preempted run on a loaded 2-core machine
+            # was killed before it had finished)
+            "KillWait=10",
             "InactiveLimit=0",
             "ReturnToService=2",
             "SlurmdParameters=config_overrides",
@@ -430,7 +433,7 @@ class OneHostSlurm:
         return [self._watchdog.pid] if self._watchdog is not None else []
 
     def cancel_all(self, timeout: float = 15.0) -> None:
-        """``scancel`` every job and wait until the queue is empty (bounded: KillWait is 2 s)."""
+        """``scancel`` every job and wait until the queue is empty (bounded: KillWait is 10 s)."""
         jobs = self.queue()
         if jobs:
             self.run(["scancel", *map(str, jobs)], timeout=10, check=False)
