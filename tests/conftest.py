@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 PHASE_VARIABLE = "DRIVETRAIN_TEST_PHASE"
 """``local``: leave out the tests marked ``distributed`` (they start several processes and some bound how
 long a failing rank takes to stop the others); ``processes``: run only those. Unset: everything.
-``tools/suite.py`` runs each backend env as a ``local`` job and one or more ``processes`` jobs, four jobs at a
+``tools/suite.py`` runs each backend env as a ``local`` job and one or more ``processes`` jobs, three jobs at a
 time."""
 SHARD_VARIABLE = "DRIVETRAIN_TEST_SHARD"
 """``k/n``: keep the k-th of n shards of the selected tests (1-based), split by file so that a module's fixtures
