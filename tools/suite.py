@@ -15,8 +15,8 @@ time (``--jobs 4`` is quicker but not yet calm: see docs/contributing.md), in th
 - the process tests spend much of their time waiting for processes to start, meet and stop
   (paddle's used 98 s of CPU in 247 s), which is why more jobs than cores pay: a fresh clone's
   warm run took 18.0 min three at a time and 14.9 four at a time (1.65 and 1.69 of the 2 cores
-  busy, with less CPU to do in the second). At most two ``processes`` jobs run at once, so the
-  other two are local tests, and the time bounds the process tests check (a failing rank stops
+  busy, with less CPU to do in the second). At most two ``processes`` jobs run at once (the
+  other jobs are local tests), and the time bounds the process tests check (a failing rank stops
   the others, Ctrl-C ends every rank) held at a load of 8 on this 2-core machine.
 
 Usage::
