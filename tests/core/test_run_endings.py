@@ -123,7 +123,9 @@ SCRIPT = """
     def ready(t):
         if t.global_forward_batches == 7:
             print("waiting for the signal", flush=True)
-            time.sleep(60)  # the signal arrives here, inside a step
+            deadline = time.monotonic() + 60  # the signal arrives here, inside a step: a step returns to Python often,
+            while time.monotonic() < deadline:  # and so does this wait (a signal the kernel hands to another thread
+                time.sleep(0.05)  # is acted on at the main thread's next bytecode, see tests/_ctrl_c_rule._Pause)
     trainer.add_callback_fn(Event.on_train_batch_end(), ready)
     try:
         trainer.run(num_eval_sanity_batch=0)
