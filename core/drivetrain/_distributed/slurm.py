@@ -20,6 +20,7 @@ The task's own process is ``i = 0``; the Trainer starts the others with the laun
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import os
 import re
@@ -262,7 +263,9 @@ class TaskProcesses:
                 TASK_PROCESS_ENV: f"{index}/{self.count}"}
 
 
-_asked: TaskProcesses | None = None
+_asked: contextvars.ContextVar[TaskProcesses | None] = contextvars.ContextVar("drivetrain_task_processes", default=None)
+"""The request of :func:`task_processes_asked` while a driver is built (per thread: another thread building a
+Trainer at the same time sees its own)."""
 
 
 @contextlib.contextmanager
@@ -270,20 +273,20 @@ def task_processes_asked(nproc: object) -> Iterator[TaskProcesses | None]:
     """While a driver is built: ``nproc=`` (an int > 1) in a task of a Slurm step of several tasks, which runs
     that many processes if the backend takes its place from Slurm's variables (yields the request; None where
     there is no such task, or this process is already one of a task's processes)."""
-    global _asked
     wanted = nproc if isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 1 else None
-    _asked = TaskProcesses(wanted) if wanted and task_process() is None and _task_step() is not None else None
+    request = TaskProcesses(wanted) if wanted and task_process() is None and _task_step() is not None else None
+    token = _asked.set(request)
     try:
-        yield _asked
+        yield request
     finally:
-        _asked = None
+        _asked.reset(token)
 
 
 def claim_task_processes(step: SlurmStep, variables: Callable[[SlurmStep], Mapping[str, str]]) -> SlurmStep:
     """The place of a process whose backend takes it from Slurm's variables (``variables``: its launcher's for
     a place): where the Trainer asks ``nproc=`` processes of each task (:func:`task_processes_asked`), this
     task's process 0 among every task's processes (also written in :data:`TASK_PROCESS_ENV`), else ``step``."""
-    request = _asked
+    request = _asked.get()
     if request is None or request.step is not None or step.per_task is not None:
         return step
     request.step, request.variables = step, variables
@@ -325,10 +328,11 @@ def rerun_slurm_task(step: SlurmStep, variables: Mapping[str, str], *, framework
     (a notebook, ``python -c``, pytest) is refused, naming ``start_yourself``, the line to start a script with
     (``{n}`` in it stands for the number of tasks). So is ``nproc=`` per task (:func:`task_processes_asked`):
     a task that runs its program again in its place cannot also start processes of its own."""
-    if _asked is not None:
-        total = step.world_size * _asked.count
+    asked = _asked.get()
+    if asked is not None:
+        total = step.world_size * asked.count
         raise DriverError(
-            f"nproc={_asked.count} in task {step.rank} of a Slurm step of {step.world_size} tasks, but the "
+            f"nproc={asked.count} in task {step.rank} of a Slurm step of {step.world_size} tasks, but the "
             f"{framework} driver joins the step's tasks by running each one's program again in its place ({reason}), "
             f"so a task cannot also start processes of its own. Let srun start all {total} processes, without "
             f"nproc=: {start_yourself.format(n=total)}.")
