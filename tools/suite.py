@@ -5,7 +5,7 @@ Each tox env of ``tox.ini`` gives a ``build`` job (``tox run --notest``: create 
 tests marked ``distributed``: they start several processes through launchers, ``nproc=`` or
 ``mpirun``). ``tests/conftest.py`` selects a job's tests from ``DRIVETRAIN_TEST_PHASE`` and, where
 an env's process tests are split (torch's), ``DRIVETRAIN_TEST_SHARD``. The jobs run three at a
-time (``--jobs 4`` is quicker but not yet calm: see docs/contributing.md), in the order of :data:`PRIORITY`:
+time, in the order of :data:`PRIORITY`:
 
 - an env's tests start once its build has ended; two test jobs of one env run at once only if the
   env has no ``commands_pre`` (jittor's re-points its editable installs at the checkout each run);
@@ -13,10 +13,11 @@ time (``--jobs 4`` is quicker but not yet calm: see docs/contributing.md), in th
   shards start at once; jittor's local job comes next (with a cold cache it compiles jittor for
   minutes); the rest fill the other slots around them;
 - the process tests spend much of their time waiting for processes to start, meet and stop
-  (paddle's used 98 s of CPU in 247 s), which is why more jobs than cores pay: a fresh clone's
-  warm run took 18.0 min three at a time and 14.9 four at a time (1.65 and 1.69 of the 2 cores
-  busy, with less CPU to do in the second). At most two ``processes`` jobs run at once (the
-  other jobs are local tests), and the time bounds the process tests check (a failing rank stops
+  (paddle's used 98 s of CPU in 247 s), which is why more jobs than cores pay;
+- at most two ``processes`` jobs run at once while other jobs remain, a third once only process
+  jobs are left. Those are the critical path: about 30 min of them, two at a time, so a warm run
+  takes 15-16 min whether three or four jobs run at once (``--jobs 4`` only loads the machine
+  more; see docs/contributing.md). The time bounds the process tests check (a failing rank stops
   the others, Ctrl-C ends every rank) held at a load of 8 on this 2-core machine.
 
 Usage::
@@ -58,6 +59,7 @@ process tests; jittor's local job, which compiles jittor when its cache is cold:
 run that started it 5.6 min in), then the envs whose process tests are longest, the short ones last to fill the
 gaps at the end. An env of tox.ini missing here runs last, never not at all."""
 MAX_PROCESS_JOBS = 2
+"""Process-test jobs at once while other jobs remain (one more once only process-test jobs are left)."""
 LOGS = ROOT / ".tox" / "suite-logs"
 
 
@@ -118,12 +120,13 @@ def _finish(job: Job, code: int, t0: float) -> None:
 
 def _next(waiting: list[Job], running: list[Job], done: set[str], exclusive: set[str]) -> Job | None:
     processes = sum(job.phase == "processes" for job in running)
+    only_processes_left = all(job.phase == "processes" for job in [*waiting, *running])
     for job in waiting:
         if job.phase != "build" and f"{job.env}:build" not in done:
             continue
         if any(other.env == job.env for other in running) and (job.phase == "build" or job.env in exclusive):
             continue
-        if job.phase == "processes" and processes >= MAX_PROCESS_JOBS:
+        if job.phase == "processes" and processes >= MAX_PROCESS_JOBS and not only_processes_left:
             continue
         return job
     return None
