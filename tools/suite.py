@@ -120,13 +120,13 @@ def _finish(job: Job, code: int, t0: float) -> None:
 
 def _next(waiting: list[Job], running: list[Job], done: set[str], exclusive: set[str]) -> Job | None:
     processes = sum(job.phase == "processes" for job in running)
-    only_processes_left = all(job.phase == "processes" for job in [*waiting, *running])
+    limit = MAX_PROCESS_JOBS + all(job.phase == "processes" for job in [*waiting, *running])
     for job in waiting:
         if job.phase != "build" and f"{job.env}:build" not in done:
             continue
         if any(other.env == job.env for other in running) and (job.phase == "build" or job.env in exclusive):
             continue
-        if job.phase == "processes" and processes >= MAX_PROCESS_JOBS and not only_processes_left:
+        if job.phase == "processes" and processes >= limit:
             continue
         return job
     return None

@@ -30,6 +30,7 @@ def test_a_third_process_job_waits_while_other_jobs_remain_and_starts_when_only_
     assert _pick(_jobs("jax:processes", "docs:local"), running) == "docs:local"
     assert _pick(_jobs("jax:processes"), running + _jobs("docs:local")) is None
     assert _pick(_jobs("jax:processes", "jittor:processes"), running) == "jax:processes"
+    assert _pick(_jobs("jittor:processes"), running + _jobs("jax:processes")) is None  # never a fourth
 
 
 def test_tests_wait_for_their_env_s_build_and_an_env_with_commands_pre_runs_one_job_at_a_time() -> None:
