@@ -162,6 +162,42 @@ def test_ctrl_c_and_sigterm_save_the_exception_checkpoint_then_end_the_process_n
         assert "SIGTERM received" in err
 
 
+WORKER_THREAD_SCRIPT = """
+    import os, signal, sys, threading, time
+    sys.path.insert(0, {root!r})
+    from drivetrain import CheckpointCallback, Event
+    from tests.core._callback_helpers import make_trainer
+
+    folder = sys.argv[1]
+    trainer = make_trainer([CheckpointCallback(folder, every_n_batches=5, save_on_exception=True)], n_epochs=1000,
+                           loggers=["jsonl"], run_dir=os.path.join(folder, "run"))
+    idle = threading.Event()
+
+    def to_a_worker_thread(t):
+        if t.global_forward_batches == 7:  # as the kernel may do with a signal sent to the process
+            worker = threading.Thread(target=idle.wait, daemon=True)
+            worker.start()
+            signal.pthread_kill(worker.ident, signal.SIGTERM)
+            deadline = time.monotonic() + 30  # the rest of this step, returning to Python often
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+    trainer.add_callback_fn(Event.on_train_batch_end(), to_a_worker_thread)
+    trainer.run(num_eval_sanity_batch=0)
+"""
+
+
+def test_a_sigterm_the_kernel_gives_to_another_thread_still_ends_the_run_after_saving(tmp_path) -> None:
+    """A signal sent to a process may reach any of its threads (a data loader's, a framework's); Python runs the
+    handler in the main thread at its next bytecode, so the run stops at once, saved, as for the main thread."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(WORKER_THREAD_SCRIPT.format(root=ROOT)),
+                           str(tmp_path)], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+    assert "SIGTERM received" in proc.stderr
+    manifest = read_json(tmp_path / "exception-step_00000007" / "manifest.json")
+    assert manifest["trainer"]["after_exception"] == "TrainingTerminated"
+    assert read_json(tmp_path / "run" / "summary.json")["status"] == "stopped"
+
+
 def test_catch_keyboard_interrupt_true_still_returns_quietly(tmp_path) -> None:
     """fastNLP's habit, asked for by name: run() returns after Ctrl-C."""
     trainer = make_trainer(n_epochs=2)
