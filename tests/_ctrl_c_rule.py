@@ -18,12 +18,13 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from drivetrain import Callback, CheckpointCallback
+
+from ._signals import wait_for_a_signal
 
 CKPT_EVERY, READY_AT = 2, 4
 BOUND = 15.0  # seconds from the signal to the end of every process
@@ -31,21 +32,14 @@ NPROC_ENV = "DRIVETRAIN_TEST_NPROC"
 
 
 class _Pause(Callback):
-    """Stands in for a long step once batch ``READY_AT + 1`` begins, returning to Python every 50 ms.
-
-    Why not one long sleep: the kernel may hand a signal sent to the process to any of its threads (jittor's
-    and paddle's worker threads included). Python then runs the handler at the main thread's next bytecode,
-    and a main thread asleep in ``time.sleep(300)`` is not woken: seen under ``mpirun`` on a loaded machine,
-    where rank 0 slept through mpirun's SIGTERM until its SIGKILL. A real step returns to Python as often.
-    """
+    """Once batch ``READY_AT + 1`` begins, rank 0 says ``ready`` and every rank waits for the signal
+    (:func:`~tests._signals.wait_for_a_signal`: returning to Python often, as a step does)."""
 
     def on_train_batch_begin(self, trainer: Any, batch: Any, indices: Any) -> None:
         if trainer.global_forward_batches == READY_AT:
             if trainer.driver.rank == 0:
                 print(f"ready {os.getpid()}", flush=True)
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for_a_signal(300)
 
 
 def run_phase(phase: str, out: str, make_trainer: Any) -> None:

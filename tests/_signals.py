@@ -10,7 +10,22 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from typing import Any
+
+
+def wait_for_a_signal(seconds: float) -> None:
+    """Stand in for a long step in a child waiting to be signalled: up to ``seconds``, returning to Python every
+    10 ms, as a real step does.
+
+    Why not one ``time.sleep(seconds)``: the kernel may hand a signal sent to the process to any of its threads
+    (a data loader's, jittor's or paddle's workers). Python runs the handler at the main thread's next bytecode,
+    and a main thread asleep in one long sleep is not woken: seen under ``mpirun`` on a loaded machine, where
+    rank 0 slept through mpirun's SIGTERM until its SIGKILL.
+    """
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _default_sigint() -> None:

@@ -111,9 +111,10 @@ def test_a_finished_run_started_again_trains_nothing_and_says_which_n_epochs_wou
 
 
 SCRIPT = """
-    import os, signal, sys, time
+    import os, signal, sys
     sys.path.insert(0, {root!r})
     from drivetrain import CheckpointCallback, Event
+    from tests._signals import wait_for_a_signal
     from tests.core._callback_helpers import make_trainer
 
     folder = sys.argv[1]
@@ -123,9 +124,7 @@ SCRIPT = """
     def ready(t):
         if t.global_forward_batches == 7:
             print("waiting for the signal", flush=True)
-            deadline = time.monotonic() + 60  # the signal arrives here, inside a step: a step returns to Python often,
-            while time.monotonic() < deadline:  # and so does this wait (a signal the kernel hands to another thread
-                time.sleep(0.05)  # is acted on at the main thread's next bytecode, see tests/_ctrl_c_rule._Pause)
+            wait_for_a_signal(60)  # the signal arrives here, inside a step
     trainer.add_callback_fn(Event.on_train_batch_end(), ready)
     try:
         trainer.run(num_eval_sanity_batch=0)
@@ -163,9 +162,10 @@ def test_ctrl_c_and_sigterm_save_the_exception_checkpoint_then_end_the_process_n
 
 
 WORKER_THREAD_SCRIPT = """
-    import os, signal, sys, threading, time
+    import os, signal, sys, threading
     sys.path.insert(0, {root!r})
     from drivetrain import CheckpointCallback, Event
+    from tests._signals import wait_for_a_signal
     from tests.core._callback_helpers import make_trainer
 
     folder = sys.argv[1]
@@ -178,9 +178,7 @@ WORKER_THREAD_SCRIPT = """
             worker = threading.Thread(target=idle.wait, daemon=True)
             worker.start()
             signal.pthread_kill(worker.ident, signal.SIGTERM)
-            deadline = time.monotonic() + 30  # the rest of this step, returning to Python often
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for_a_signal(30)  # the rest of this step
     trainer.add_callback_fn(Event.on_train_batch_end(), to_a_worker_thread)
     trainer.run(num_eval_sanity_batch=0)
 """

@@ -2,13 +2,13 @@
 
 OpenMPI's ``mpirun`` puts each process in a process group of its own, so a terminal's Ctrl-C reaches
 ``mpirun`` alone: it sends the processes SIGCONT, then SIGTERM ``odls_base_sigkill_timeout`` seconds later,
-then SIGKILL as long again after that, and exits with status 1. With that timeout raised to 12 s (the
+then SIGKILL as long again after that, and exits with status 1. With that timeout raised to 5 s (the
 troubleshooting page's advice; the default, 1 s, leaves no time to save), every rank stops with the
 exception checkpoint written and the record closed (``stopped``), and ``resume_from="latest"`` then ends
 where an uninterrupted run does. (Fresh-clone suite runs on a loaded machine once saw mpirun's SIGKILL
-reach rank 0 before it had stopped, at 5, 8 and 12 s: the kernel had handed rank 0's SIGTERM to one of
-jittor's worker threads while the main thread slept in the test's pause, which now returns to Python every
-50 ms; see ``_ctrl_c_rule._Pause``.) The phases and checks: ``tests/_ctrl_c_rule.py``; the run:
+reach rank 0 before it had stopped, with 5, 8 and 12 s: the kernel had handed rank 0's SIGTERM to one of
+jittor's worker threads while the main thread slept in the test's pause, not a slow save; the pause now
+returns to Python often, see ``tests/_signals.wait_for_a_signal``.) The phases and checks: ``tests/_ctrl_c_rule.py``; the run:
 ``_resume_script.py``.
 
 SIGINT to rank 0 alone: its exception checkpoint waits for a peer that is not stopping; that wait is
@@ -31,7 +31,7 @@ from .._dist_helpers import ProcessGroup, stop_when_ready
 from . import _resume_script
 
 MPIRUN = shutil.which("mpirun")
-SIGKILL_TIMEOUT = 12  # mpirun's odls_base_sigkill_timeout: SIGTERM this long after Ctrl-C, SIGKILL as long after
+SIGKILL_TIMEOUT = 5  # mpirun's odls_base_sigkill_timeout: SIGTERM this long after Ctrl-C, SIGKILL as long after
 RANK0_SIGKILL_TIMEOUT = 5  # the same for SIGINT to rank 0 alone, where nothing is saved after mpirun's SIGTERM
 STOP_WAIT = 5  # DRIVETRAIN_MPI_STOP_WAIT: how long rank 0's exception path waits for a peer that is not stopping
 
